@@ -1,0 +1,260 @@
+"""The stack manifest schema: one YAML file pins everything an image depends on.
+
+Every string that can reach a Dockerfile line or a shell is constrained here by a pattern, so
+rendering never has to guess whether a value is safe; templates still quote what they emit.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from packaging.version import InvalidVersion, Version
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
+
+# --- constrained strings -----------------------------------------------------------------------
+
+#: Text without control characters or the characters a shell or Dockerfile would interpret.
+SAFE_TEXT = r"^[^\x00-\x1f\x7f`$\\;&|<>\"']*$"
+SafeText = Annotated[str, StringConstraints(pattern=SAFE_TEXT, max_length=2000)]
+#: Free prose (notes): any single- or multi-line text; it only ever reaches JSON labels.
+Prose = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]*$", max_length=4000)]
+Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=128)]
+Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+PackageName = Annotated[
+    str, StringConstraints(pattern=r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
+]
+ImageRef = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+        r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$"
+    ),
+]
+Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Url = Annotated[str, StringConstraints(pattern=r"^https?://[A-Za-z0-9._~:/?#\[\]@!%+,=-]+$")]
+#: A single argument of the serve command; rendered in exec (JSON) form, never through a shell.
+ServeArg = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]+$", max_length=2000)]
+ModelId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]+$", max_length=300)]
+RelPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]+$", max_length=300)]
+WheelPath = Annotated[
+    str, StringConstraints(pattern=r"^/?([A-Za-z0-9_+-][A-Za-z0-9_.+-]*/)*[A-Za-z0-9_.+-]+\.whl$")
+]
+ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+$", max_length=128)]
+
+
+def _exact_version(value: str) -> str:
+    """Pins are exact: a range would let the image drift from what was tested."""
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(
+            f"{value!r} is not an exact version (write e.g. 0.22.1, not a range or a name)"
+        ) from None
+    return value
+
+
+def _stringify(value: Any) -> Any:
+    """YAML reads `13.0` as a float; a version is always text."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+ExactVersion = Annotated[
+    str,
+    BeforeValidator(_stringify),
+    StringConstraints(pattern=r"^[A-Za-z0-9.+!_-]+$"),
+    AfterValidator(_exact_version),
+]
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors: a typo must not silently drop a setting."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- sections ----------------------------------------------------------------------------------
+
+
+class BaseImage(Strict):
+    image: ImageRef
+    digest: Digest | None = None
+
+    @property
+    def reference(self) -> str:
+        """What FROM uses: the digest wins where known, so a moved tag cannot change the image."""
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+class Bases(Strict):
+    build: BaseImage
+    runtime: BaseImage
+
+
+class PackagePin(Strict):
+    version: ExactVersion
+    extras: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")]] = Field(
+        default_factory=list
+    )
+
+
+def _pin_shorthand(value: Any) -> Any:
+    """`vllm: 0.22.1` is shorthand for `vllm: {version: 0.22.1}`."""
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        return {"version": str(value)}
+    return value
+
+
+Pin = Annotated[PackagePin, BeforeValidator(_pin_shorthand)]
+
+
+class PythonSection(Strict):
+    version: Annotated[str, BeforeValidator(_stringify), StringConstraints(pattern=r"^3\.\d+$")]
+    index_url: Url = "https://pypi.org/simple"
+    extra_index_urls: list[Url] = Field(default_factory=list)
+    #: Exact pins. The heaviest (torch and its CUDA wheels) install in their own earlier layer.
+    packages: dict[PackageName, Pin]
+    #: Pins installed last with --no-deps, over what the packages above require (e.g. a newer
+    #: flashinfer than vLLM's own pin, as the seeds ran). Use sparingly: nothing resolves them.
+    overrides: dict[PackageName, Pin] = Field(default_factory=dict)
+    #: Wheel files from this machine (air-gapped sites, a CPU torch for tests), made visible to
+    #: pip through a bind mount, never copied into a layer.
+    wheels: list[WheelPath] = Field(default_factory=list)
+    #: Packages installed in the first, rarely-changing layer.
+    heavy: list[PackageName] = Field(default_factory=lambda: ["torch"])
+
+
+class BuildSettings(Strict):
+    max_jobs: int | Literal["auto"] = Field(default=2)
+    nvcc_threads: int = Field(default=1, ge=1, le=64)
+    #: Debian/Ubuntu packages for the build stages (compilers, patch, headers).
+    apt_packages: list[PackageName] = Field(default_factory=list)
+    #: Debian/Ubuntu packages the runtime stage needs.
+    runtime_apt_packages: list[PackageName] = Field(default_factory=list)
+    #: Toolchain variables (CUDA_HOME, CC, CXX, ...) set identically in the JIT-cache stage and
+    #: the runtime image: FlashInfer recompiles when the compiler command line differs.
+    toolchain_env: dict[Identifier, SafeText] = Field(default_factory=dict)
+
+
+class Patch(Strict):
+    file: RelPath
+    package: PackageName
+    sha256: Sha256
+    upstream: Url | None = None
+    #: Leading path components patch(1) strips; paths are relative to site-packages.
+    strip: int = Field(default=1, ge=0, le=5)
+
+
+class NotPrecompiled(Strict):
+    what: SafeText
+    why: Prose
+
+
+class JitCache(Strict):
+    presets: list[Slug] = Field(default_factory=list)
+    modules: list[ModuleName] = Field(default_factory=list)
+    not_precompiled: list[NotPrecompiled] = Field(default_factory=list)
+
+
+class Model(Strict):
+    id: ModelId
+    quantization: Literal["nvfp4", "mxfp4", "fp8", "bf16", "fp16", "awq", "gptq"] = "bf16"
+    moe: bool = False
+    #: Quantization of an MTP / draft head shipped with the model (NVIDIA ships some unquantized).
+    draft_head_quantization: Literal["nvfp4", "fp8", "bf16", "fp16"] | None = None
+
+
+class Speculative(Strict):
+    method: Literal["mtp", "eagle", "eagle3", "ngram", "draft_model"]
+    num_speculative_tokens: int = Field(default=1, ge=1, le=16)
+
+
+class Serve(Strict):
+    engine: Literal["vllm", "transformers"] = "vllm"
+    model: Model
+    served_model_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./:-]+$")] | None = (
+        None
+    )
+    port: int = Field(default=8000, ge=1, le=65535)
+    moe_backend: (
+        Literal[
+            "auto", "triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass",
+            "flashinfer_cutedsl", "flashinfer_b12x", "marlin", "humming", "emulation",
+        ]
+        | None
+    ) = None
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
+    max_model_len: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] | None = None
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    dtype: Literal["auto", "bfloat16", "float16"] | None = None
+    enforce_eager: bool = False
+    speculative: Speculative | None = None
+    extra_args: list[ServeArg] = Field(default_factory=list)
+    shm_size: Annotated[str, StringConstraints(pattern=r"^[0-9]+[kmg]?$")] = "16g"
+
+
+class SmokePrompt(Strict):
+    prompt: Prose
+    #: A regular expression the answer must match (case-insensitive).
+    expect: Annotated[str, StringConstraints(max_length=500)]
+    max_tokens: int = Field(default=64, ge=1, le=4096)
+
+    def model_post_init(self, context: Any) -> None:
+        try:
+            re.compile(self.expect)
+        except re.error as exc:
+            raise ValueError(f"expect is not a valid regular expression: {exc}") from None
+
+
+class Floors(Strict):
+    single_stream_tok_s: float = Field(default=0.0, ge=0)
+    batched_tok_s: float = Field(default=0.0, ge=0)
+    max_ttft_s: float | None = Field(default=None, gt=0)
+
+
+class Smoke(Strict):
+    prompts: list[SmokePrompt] = Field(default_factory=list)
+    concurrency: int = Field(default=4, ge=1, le=64)
+    floors: Floors = Field(default_factory=Floors)
+    health_timeout_s: int = Field(default=900, ge=5, le=7200)
+
+
+class Note(Strict):
+    text: Prose
+    evidence: list[Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]+$")]] = Field(
+        default_factory=list
+    )
+
+
+class Manifest(Strict):
+    """One stack. Field knowledge (arch flags, rules, presets) is in knowledge/, not here."""
+
+    description: Prose = ""
+    extends: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]*$")] | None = None
+    status: Literal["experimental", "working", "known-bad", "ci"] = "experimental"
+    platform: Literal["linux/amd64", "linux/arm64"] = "linux/amd64"
+    gpus: list[Literal["sm90", "sm120", "sm121"]] = Field(min_length=1)
+    cuda: ExactVersion
+    #: Driver of the serving hosts, where known; checked against the CUDA minimum.
+    host_driver: ExactVersion | None = None
+    bases: Bases
+    python: PythonSection
+    build: BuildSettings = Field(default_factory=BuildSettings)
+    patches: list[Patch] = Field(default_factory=list)
+    jit_cache: JitCache = Field(default_factory=JitCache)
+    env: dict[Identifier, SafeText] = Field(default_factory=dict)
+    serve: Serve
+    smoke: Smoke = Field(default_factory=Smoke)
+    notes: list[Note] = Field(default_factory=list)

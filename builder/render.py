@@ -1,0 +1,231 @@
+"""Resolved stack -> build context (Dockerfile plus every file it copies), byte-for-byte stable.
+
+A typed TemplateContext (spack's idea) is the only thing templates see, so they never reach into
+manifest internals and StrictUndefined catches any name that drifts. The same stack renders to
+identical bytes on any machine, clock, locale or environment: nothing here reads them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from builder import REPO_ROOT
+from builder.resolve import ResolvedStack, canonical_json
+
+TEMPLATES_DIR = REPO_ROOT / "templates"
+#: Where FlashInfer's JIT cache lives in every image (FLASHINFER_WORKSPACE_BASE): fixed, so
+#: neither $HOME nor `docker run --user` can move it.
+JIT_WORKSPACE = "/opt/flashinfer-cache"
+EXECUTABLE = 0o755
+REGULAR = 0o644
+
+
+@dataclass(frozen=True)
+class TemplateContext:
+    stack: str
+    build_base: str
+    runtime_base: str
+    python_version: str
+    build_apt_packages: list[str]
+    runtime_apt_packages: list[str]
+    heavy_packages: list[str]
+    pip_flags: str
+    wheels: list[str]
+    has_overrides: bool
+    patches: list[dict[str, Any]]
+    jit_modules: list[str]
+    max_jobs_default: int
+    jit_env: dict[str, str]
+    env: dict[str, str]
+    port: int
+    serve_argv: list[str]
+
+
+@dataclass(frozen=True)
+class RenderedContext:
+    """The build context in memory: relative path -> (bytes, mode)."""
+
+    stack: str
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+
+    @property
+    def dockerfile(self) -> str:
+        return self.files["Dockerfile"][0].decode()
+
+    def content_hash(self) -> str:
+        """sha256 over every path, mode and content: the image's identity."""
+        digest = hashlib.sha256()
+        for path in sorted(self.files):
+            content, mode = self.files[path]
+            digest.update(f"{path}\0{mode:o}\0{len(content)}\0".encode())
+            digest.update(content)
+        return digest.hexdigest()
+
+
+def serve_argv(stack: ResolvedStack) -> list[str]:
+    """The serve command as an argv list (exec form: no shell ever parses it)."""
+    serve = stack.manifest.serve
+    if serve.engine == "transformers":
+        argv = ["transformers", "serve", serve.model.id, "--host", "0.0.0.0",
+                "--port", str(serve.port)]
+        return argv + list(serve.extra_args)
+    argv = ["vllm", "serve", serve.model.id, "--host", "0.0.0.0", "--port", str(serve.port)]
+    options: list[tuple[str, Any]] = [
+        ("--served-model-name", serve.served_model_name),
+        ("--moe-backend", serve.moe_backend),
+        ("--tensor-parallel-size", serve.tensor_parallel_size),
+        ("--pipeline-parallel-size", serve.pipeline_parallel_size),
+        ("--max-model-len", serve.max_model_len),
+        ("--kv-cache-dtype", serve.kv_cache_dtype),
+        ("--gpu-memory-utilization", serve.gpu_memory_utilization),
+        ("--dtype", serve.dtype),
+    ]
+    for flag, value in options:
+        if value is not None and not (flag.endswith("parallel-size") and value == 1):
+            argv += [flag, str(value)]
+    if serve.enforce_eager:
+        argv.append("--enforce-eager")
+    if serve.speculative is not None:
+        argv += ["--speculative-config", canonical_json(serve.speculative.model_dump())]
+    return argv + list(serve.extra_args)
+
+
+def template_context(stack: ResolvedStack) -> TemplateContext:
+    m = stack.manifest
+    build = m.build
+    apt = list(build.apt_packages)
+    if m.patches and "patch" not in apt:
+        apt.append("patch")
+    max_jobs_default = 2 if build.max_jobs == "auto" else build.max_jobs
+    jit_env = {
+        **stack.arch.env,
+        **build.toolchain_env,
+        "FLASHINFER_WORKSPACE_BASE": JIT_WORKSPACE,
+        "FLASHINFER_NVCC_THREADS": str(build.nvcc_threads),
+    }
+    return TemplateContext(
+        stack=stack.name,
+        build_base=m.bases.build.reference,
+        runtime_base=m.bases.runtime.reference,
+        python_version=m.python.version,
+        build_apt_packages=apt,
+        runtime_apt_packages=list(build.runtime_apt_packages),
+        heavy_packages=[p for p in m.python.heavy if p in m.python.packages],
+        pip_flags="--find-links /opt/sm120-stacks/wheels " if m.python.wheels else "",
+        wheels=[Path(w).name for w in m.python.wheels],
+        has_overrides=bool(m.python.overrides),
+        patches=[{"file": Path(p.file).name, "strip": p.strip} for p in m.patches],
+        jit_modules=list(stack.jit_modules),
+        max_jobs_default=max_jobs_default,
+        jit_env=dict(sorted(jit_env.items())),
+        env=dict(sorted(m.env.items())),
+        port=m.serve.port,
+        serve_argv=serve_argv(stack),
+    )
+
+
+def requirements(
+    stack: ResolvedStack, names: list[str] | None = None, overrides: bool = False
+) -> str:
+    py = stack.manifest.python
+    lines = [f"--index-url {py.index_url}"] + [f"--extra-index-url {u}" for u in py.extra_index_urls]
+    for name, pin in (py.overrides if overrides else py.packages).items():
+        if names is None or name in names:
+            extras = f"[{','.join(pin.extras)}]" if pin.extras else ""
+            lines.append(f"{name}{extras}=={pin.version}")
+    return "\n".join(lines) + "\n"
+
+
+def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> RenderedContext:
+    ctx = template_context(stack)
+    env = _jinja_env(templates_dir)
+    dockerfile = env.get_template("Dockerfile.j2").render(ctx=ctx)
+    files: dict[str, tuple[bytes, int]] = {
+        "Dockerfile": (_tidy(dockerfile).encode(), REGULAR),
+        "manifest.json": (
+            (json.dumps(stack.to_json(), indent=2, sort_keys=True) + "\n").encode(), REGULAR
+        ),
+        "requirements/all.txt": (requirements(stack).encode(), REGULAR),
+        "requirements/heavy.txt": (requirements(stack, ctx.heavy_packages).encode(), REGULAR),
+    }
+    if stack.manifest.python.overrides:
+        files["requirements/overrides.txt"] = (
+            requirements(stack, overrides=True).encode(), REGULAR
+        )
+    for tool in sorted((templates_dir / "tools").iterdir()):
+        mode = EXECUTABLE if os.access(tool, os.X_OK) else REGULAR
+        files[f"tools/{tool.name}"] = (tool.read_bytes(), mode)
+    for wheel in stack.manifest.python.wheels:
+        files[f"wheels/{Path(wheel).name}"] = (stack.local_file(wheel).read_bytes(), REGULAR)
+    if stack.manifest.patches:
+        sums = []
+        for patch in stack.manifest.patches:
+            content = stack.local_file(patch.file).read_bytes()
+            name = Path(patch.file).name
+            files[f"patches/{name}"] = (content, REGULAR)
+            sums.append(f"{hashlib.sha256(content).hexdigest()}  {name}")
+        files["patches/SHA256SUMS"] = (("\n".join(sums) + "\n").encode(), REGULAR)
+    return RenderedContext(stack=stack.name, files=files)
+
+
+def write_context(rendered: RenderedContext, target: Path) -> Path:
+    """Write the context to target atomically: a complete new directory or the old one untouched."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for relative, (content, mode) in sorted(rendered.files.items()):
+            path = staging / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+            path.chmod(mode)
+        if target.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            target.rename(retired / "context")
+            staging.rename(target)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _jinja_env(templates_dir: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+    )
+    env.filters["shq"] = lambda value: shlex.quote(str(value))
+    env.filters["dq"] = dockerfile_quote
+    env.filters["envlines"] = lambda mapping: " \\\n    ".join(
+        f"{key}={dockerfile_quote(value)}" for key, value in mapping.items()
+    )
+    env.policies["json.dumps_kwargs"] = {"sort_keys": False, "ensure_ascii": True}
+    return env
+
+
+def dockerfile_quote(value: object) -> str:
+    """A double-quoted Dockerfile ENV/LABEL value: backslash, quote and $ escaped."""
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return f'"{text}"'
+
+
+def _tidy(text: str) -> str:
+    """One trailing newline, no trailing spaces, one blank line between stages."""
+    lines = [line.rstrip() for line in text.strip().splitlines()]
+    kept = [line for i, line in enumerate(lines) if line or (i > 0 and lines[i - 1])]
+    return "\n".join(kept) + "\n"

@@ -1,0 +1,243 @@
+"""Manifest files -> one validated, fully resolved stack.
+
+Resolution applies `extends` (maps merge, lists replace, the child wins), validates the result
+against the schema, derives arch flags, expands JIT presets and checks patch files. Everything
+later in the pipeline reads a ResolvedStack and never the YAML.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from builder.archflags import ArchFlags, arch_table, derive
+from builder.errors import StackError
+from builder.knowledge import parse_document, read_knowledge, validation_error
+from builder.manifest import Manifest
+from builder.yamlsafe import YamlDocument, load_yaml
+
+STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+MAX_EXTENDS_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class ResolvedStack:
+    name: str
+    manifest: Manifest
+    arch: ArchFlags
+    #: The FlashInfer modules to precompile: presets expanded, order kept, duplicates dropped.
+    jit_modules: tuple[str, ...]
+    #: Manifest files, the stack's own first, then each parent.
+    sources: tuple[Path, ...]
+    repo_root: Path
+
+    def to_json(self) -> dict[str, Any]:
+        """The resolved manifest with derived values: what `show` prints and images carry."""
+        data = self.manifest.model_dump(mode="json", exclude={"extends"})
+        data["name"] = self.name
+        data["derived"] = {
+            "arch_env": self.arch.env,
+            "jit_arch_tag": self.arch.jit_arch_tag,
+            "cubin_archs": list(self.arch.cubin_archs),
+            "min_driver": self.arch.min_driver,
+            "jit_modules": list(self.jit_modules),
+        }
+        return data
+
+    def local_file(self, path: str) -> Path:
+        """A file the manifest names: relative to the repository root, or absolute."""
+        return self.repo_root / path
+
+
+class _Preset(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    description: str
+    modules: list[str]
+    includes: list[str] = Field(default_factory=list)
+
+
+class _PresetFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    presets: dict[str, _Preset]
+
+
+@cache
+def jit_presets() -> dict[str, _Preset]:
+    return parse_document(read_knowledge("jit_presets.yaml"), _PresetFile).presets
+
+
+def stack_names(stacks_dir: Path) -> list[str]:
+    if not stacks_dir.is_dir():
+        raise StackError(f"stacks directory {stacks_dir} does not exist",
+                         hint="run from the repository root or pass --stacks-dir")
+    return sorted(p.stem for p in stacks_dir.glob("*.yaml"))
+
+
+def resolve(name: str, stacks_dir: Path) -> ResolvedStack:
+    docs = _load_chain(name, stacks_dir)
+    merged: dict[str, Any] = {}
+    for doc in reversed(docs):
+        merged = deep_merge(merged, doc.data)
+    merged.pop("extends", None)
+    try:
+        manifest = Manifest.model_validate(merged)
+    except ValidationError as exc:
+        raise validation_error(exc, docs) from None
+    repo_root = stacks_dir.resolve().parent
+    stack = ResolvedStack(
+        name=name,
+        manifest=manifest,
+        arch=derive(list(manifest.gpus), manifest.cuda),
+        jit_modules=_expand_modules(manifest, docs[0]),
+        sources=tuple(d.path for d in docs),
+        repo_root=repo_root,
+    )
+    _check_reserved_env(stack, docs)
+    _check_patches(stack, docs)
+    _check_wheels(stack, docs)
+    return stack
+
+
+def _load_chain(name: str, stacks_dir: Path) -> list[YamlDocument]:
+    """The stack's document and its ancestors, child first; cycles and gaps are errors."""
+    chain: list[YamlDocument] = []
+    seen: list[str] = []
+    current: str | None = name
+    child: YamlDocument | None = None
+    while current is not None:
+        path = stacks_dir / f"{current}.yaml"
+        if current in seen:
+            cycle = " -> ".join([*seen, current])
+            raise StackError(f"extends cycle: {cycle}", file=chain[-1].path, key="extends",
+                             line=chain[-1].lines.get(("extends",)),
+                             hint="remove `extends` from one of these stacks")
+        if not STACK_NAME.match(current) or not path.is_file():
+            if child is None:
+                raise StackError(f"no stack named {current!r} in {stacks_dir}",
+                                 hint="`sm120-stacks list` shows the stacks")
+            raise StackError(f"parent stack {current!r} does not exist", file=child.path,
+                             key="extends", line=child.lines.get(("extends",)),
+                             hint=f"create {path} or fix the name")
+        if len(seen) >= MAX_EXTENDS_DEPTH:
+            raise StackError(f"extends chain deeper than {MAX_EXTENDS_DEPTH}", file=path)
+        doc = load_yaml(path)
+        chain.append(doc)
+        seen.append(current)
+        parent = doc.data.get("extends")
+        if parent is not None and not isinstance(parent, str):
+            raise StackError("extends must be a stack name", file=path, key="extends",
+                             line=doc.lines.get(("extends",)))
+        current, child = parent, doc
+    return chain
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Maps merge recursively, everything else (lists included) is replaced by the child."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _expand_modules(manifest: Manifest, doc: YamlDocument) -> tuple[str, ...]:
+    presets = jit_presets()
+    modules: list[str] = []
+
+    def add_preset(preset_name: str, trail: tuple[str, ...]) -> None:
+        if preset_name not in presets:
+            raise StackError(
+                f"unknown JIT preset {preset_name!r}", file=doc.path, key="jit_cache.presets",
+                line=doc.line_of(("jit_cache", "presets")),
+                hint=f"known presets: {', '.join(sorted(presets))} (knowledge/jit_presets.yaml)",
+            )
+        if preset_name in trail:
+            raise StackError(f"JIT preset include cycle: {' -> '.join((*trail, preset_name))}")
+        preset = presets[preset_name]
+        for included in preset.includes:
+            add_preset(included, (*trail, preset_name))
+        modules.extend(preset.modules)
+
+    for preset_name in manifest.jit_cache.presets:
+        add_preset(preset_name, ())
+    modules.extend(manifest.jit_cache.modules)
+    return tuple(dict.fromkeys(modules))
+
+
+def _check_reserved_env(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+    """Arch variables are derived; a manifest spelling them would be a second source of truth."""
+    for key in stack.manifest.env:
+        if key in stack.arch.env or key in ("MAX_JOBS", "FLASHINFER_NVCC_THREADS"):
+            doc = next((d for d in docs if ("env", key) in d.lines), docs[0])
+            raise StackError(
+                f"{key} is derived by the builder and cannot be set in env",
+                file=doc.path, key=f"env.{key}", line=doc.lines.get(("env", key)),
+                hint="list target GPUs under `gpus:` and build settings under `build:`",
+            )
+
+
+def _check_patches(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+    root = stack.repo_root.resolve()
+    for index, patch in enumerate(stack.manifest.patches):
+        doc = next((d for d in docs if ("patches", index) in d.lines), docs[0])
+        where = {"file": doc.path, "key": f"patches[{index}].file",
+                 "line": doc.lines.get(("patches", index, "file"))}
+        path = (root / patch.file).resolve()
+        if not path.is_relative_to(root / "patches"):
+            raise StackError(f"patch {patch.file} is outside the repository's patches/ folder",
+                             hint="keep patch files under patches/", **where)  # type: ignore[arg-type]
+        if not path.is_file():
+            raise StackError(f"patch file {patch.file} does not exist", **where)  # type: ignore[arg-type]
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if actual != patch.sha256:
+            raise StackError(
+                f"patch {patch.file} has sha256 {actual}, the manifest says {patch.sha256}",
+                hint="if the patch changed on purpose, update sha256 in the manifest",
+                **{**where, "key": f"patches[{index}].sha256"},  # type: ignore[arg-type]
+            )
+
+
+def _check_wheels(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+    for index, wheel in enumerate(stack.manifest.python.wheels):
+        if not stack.local_file(wheel).is_file():
+            doc = next((d for d in docs if ("python", "wheels", index) in d.lines), docs[0])
+            raise StackError(
+                f"wheel {wheel} does not exist on this machine", file=doc.path,
+                key=f"python.wheels[{index}]", line=doc.lines.get(("python", "wheels", index)),
+                hint="download it (pip download --no-deps NAME==VERSION -d DIR) or fix the path",
+            )
+
+
+def rule_facts(stack: ResolvedStack) -> dict[str, Any]:
+    """The flat fact table rules.yaml conditions read (see the header of that file)."""
+    facts: dict[str, Any] = {}
+
+    def flatten(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                flatten(f"{prefix}.{key}" if prefix else key, item)
+        facts[prefix] = value
+
+    flatten("", stack.manifest.model_dump(mode="json"))
+    for package, pin in stack.manifest.python.packages.items():
+        facts[f"pins.{package}"] = pin.version
+    facts["patched"] = sorted({p.package for p in stack.manifest.patches})
+    facts["arch.flashinfer"] = list(stack.arch.flashinfer_archs)
+    return facts
+
+
+def known_gpus() -> list[str]:
+    return sorted(arch_table().gpus)
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
