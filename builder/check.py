@@ -38,5 +38,7 @@ def violation_error(result: CheckResult) -> StackError:
     more = f" (and {rest} more rule(s))" if rest else ""
     return StackError(
         f"known-bad combination{more}: {violation.describe()}",
-        file=source, key=violation.rule.key, line=line,
+        file=source,
+        key=violation.rule.key,
+        line=line,
     )

@@ -56,10 +56,20 @@ pass_settings = click.make_pass_decorator(Settings)
 
 
 @click.group()
-@click.option("--stacks-dir", type=click.Path(path_type=Path), default=Path("stacks"),
-              show_default=True, help="Folder of stack manifests (NAME.yaml).")
-@click.option("--build-dir", type=click.Path(path_type=Path), default=Path("build"),
-              show_default=True, help="Where build contexts, logs and reports go.")
+@click.option(
+    "--stacks-dir",
+    type=click.Path(path_type=Path),
+    default=Path("stacks"),
+    show_default=True,
+    help="Folder of stack manifests (NAME.yaml).",
+)
+@click.option(
+    "--build-dir",
+    type=click.Path(path_type=Path),
+    default=Path("build"),
+    show_default=True,
+    help="Where build contexts, logs and reports go.",
+)
 @click.version_option(package_name="sm120-stacks")
 @click.pass_context
 def cli(ctx: click.Context, stacks_dir: Path, build_dir: Path) -> None:
@@ -80,7 +90,11 @@ def list_stacks(settings: Settings) -> None:
             m = stack.manifest
             vllm = m.python.packages.get("vllm")
             table.add_row(
-                name, m.status, " ".join(m.gpus), m.cuda, vllm.version if vllm else "-",
+                name,
+                m.status,
+                " ".join(m.gpus),
+                m.cuda,
+                vllm.version if vllm else "-",
                 m.serve.moe_backend or "-",
                 "ok" if result.ok else f"rule: {result.violations[0].rule.id}",
             )

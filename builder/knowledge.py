@@ -42,11 +42,14 @@ def validation_error(exc: ValidationError, docs: list[YamlDocument]) -> StackErr
     """
     first = exc.errors()[0]
     key_path = tuple(
-        part for part in first["loc"] if not (isinstance(part, str) and part.startswith("["))
+        part
+        for part in first["loc"]
+        if not (isinstance(part, str) and part.startswith("["))
         and not (isinstance(part, str) and "[" in part and "]" in part)
     )
     doc, line = locate(key_path, docs)
     message = first["msg"]
+    hint: str | None
     if first["type"] == "extra_forbidden":
         message = "unknown key"
         hint = "check the spelling against `sm120-stacks schema`"

@@ -188,8 +188,17 @@ class Serve(Strict):
     port: int = Field(default=8000, ge=1, le=65535)
     moe_backend: (
         Literal[
-            "auto", "triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass",
-            "flashinfer_cutedsl", "flashinfer_b12x", "marlin", "humming", "emulation",
+            "auto",
+            "triton",
+            "deep_gemm",
+            "cutlass",
+            "flashinfer_trtllm",
+            "flashinfer_cutlass",
+            "flashinfer_cutedsl",
+            "flashinfer_b12x",
+            "marlin",
+            "humming",
+            "emulation",
         ]
         | None
     ) = None

@@ -76,8 +76,15 @@ def serve_argv(stack: ResolvedStack) -> list[str]:
     """The serve command as an argv list (exec form: no shell ever parses it)."""
     serve = stack.manifest.serve
     if serve.engine == "transformers":
-        argv = ["transformers", "serve", serve.model.id, "--host", "0.0.0.0",
-                "--port", str(serve.port)]
+        argv = [
+            "transformers",
+            "serve",
+            serve.model.id,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(serve.port),
+        ]
         return argv + list(serve.extra_args)
     argv = ["vllm", "serve", serve.model.id, "--host", "0.0.0.0", "--port", str(serve.port)]
     options: list[tuple[str, Any]] = [
@@ -138,7 +145,9 @@ def requirements(
     stack: ResolvedStack, names: list[str] | None = None, overrides: bool = False
 ) -> str:
     py = stack.manifest.python
-    lines = [f"--index-url {py.index_url}"] + [f"--extra-index-url {u}" for u in py.extra_index_urls]
+    lines = [f"--index-url {py.index_url}"] + [
+        f"--extra-index-url {u}" for u in py.extra_index_urls
+    ]
     for name, pin in (py.overrides if overrides else py.packages).items():
         if names is None or name in names:
             extras = f"[{','.join(pin.extras)}]" if pin.extras else ""
@@ -153,14 +162,16 @@ def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> Rendere
     files: dict[str, tuple[bytes, int]] = {
         "Dockerfile": (_tidy(dockerfile).encode(), REGULAR),
         "manifest.json": (
-            (json.dumps(stack.to_json(), indent=2, sort_keys=True) + "\n").encode(), REGULAR
+            (json.dumps(stack.to_json(), indent=2, sort_keys=True) + "\n").encode(),
+            REGULAR,
         ),
         "requirements/all.txt": (requirements(stack).encode(), REGULAR),
         "requirements/heavy.txt": (requirements(stack, ctx.heavy_packages).encode(), REGULAR),
     }
     if stack.manifest.python.overrides:
         files["requirements/overrides.txt"] = (
-            requirements(stack, overrides=True).encode(), REGULAR
+            requirements(stack, overrides=True).encode(),
+            REGULAR,
         )
     for tool in sorted((templates_dir / "tools").iterdir()):
         mode = EXECUTABLE if os.access(tool, os.X_OK) else REGULAR

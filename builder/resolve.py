@@ -75,8 +75,10 @@ def jit_presets() -> dict[str, _Preset]:
 
 def stack_names(stacks_dir: Path) -> list[str]:
     if not stacks_dir.is_dir():
-        raise StackError(f"stacks directory {stacks_dir} does not exist",
-                         hint="run from the repository root or pass --stacks-dir")
+        raise StackError(
+            f"stacks directory {stacks_dir} does not exist",
+            hint="run from the repository root or pass --stacks-dir",
+        )
     return sorted(p.stem for p in stacks_dir.glob("*.yaml"))
 
 
@@ -115,16 +117,26 @@ def _load_chain(name: str, stacks_dir: Path) -> list[YamlDocument]:
         path = stacks_dir / f"{current}.yaml"
         if current in seen:
             cycle = " -> ".join([*seen, current])
-            raise StackError(f"extends cycle: {cycle}", file=chain[-1].path, key="extends",
-                             line=chain[-1].lines.get(("extends",)),
-                             hint="remove `extends` from one of these stacks")
+            raise StackError(
+                f"extends cycle: {cycle}",
+                file=chain[-1].path,
+                key="extends",
+                line=chain[-1].lines.get(("extends",)),
+                hint="remove `extends` from one of these stacks",
+            )
         if not STACK_NAME.match(current) or not path.is_file():
             if child is None:
-                raise StackError(f"no stack named {current!r} in {stacks_dir}",
-                                 hint="`sm120-stacks list` shows the stacks")
-            raise StackError(f"parent stack {current!r} does not exist", file=child.path,
-                             key="extends", line=child.lines.get(("extends",)),
-                             hint=f"create {path} or fix the name")
+                raise StackError(
+                    f"no stack named {current!r} in {stacks_dir}",
+                    hint="`sm120-stacks list` shows the stacks",
+                )
+            raise StackError(
+                f"parent stack {current!r} does not exist",
+                file=child.path,
+                key="extends",
+                line=child.lines.get(("extends",)),
+                hint=f"create {path} or fix the name",
+            )
         if len(seen) >= MAX_EXTENDS_DEPTH:
             raise StackError(f"extends chain deeper than {MAX_EXTENDS_DEPTH}", file=path)
         doc = load_yaml(path)
@@ -132,8 +144,12 @@ def _load_chain(name: str, stacks_dir: Path) -> list[YamlDocument]:
         seen.append(current)
         parent = doc.data.get("extends")
         if parent is not None and not isinstance(parent, str):
-            raise StackError("extends must be a stack name", file=path, key="extends",
-                             line=doc.lines.get(("extends",)))
+            raise StackError(
+                "extends must be a stack name",
+                file=path,
+                key="extends",
+                line=doc.lines.get(("extends",)),
+            )
         current, child = parent, doc
     return chain
 
@@ -156,7 +172,9 @@ def _expand_modules(manifest: Manifest, doc: YamlDocument) -> tuple[str, ...]:
     def add_preset(preset_name: str, trail: tuple[str, ...]) -> None:
         if preset_name not in presets:
             raise StackError(
-                f"unknown JIT preset {preset_name!r}", file=doc.path, key="jit_cache.presets",
+                f"unknown JIT preset {preset_name!r}",
+                file=doc.path,
+                key="jit_cache.presets",
                 line=doc.line_of(("jit_cache", "presets")),
                 hint=f"known presets: {', '.join(sorted(presets))} (knowledge/jit_presets.yaml)",
             )
@@ -177,43 +195,56 @@ def _check_reserved_env(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
     """Arch variables are derived; a manifest spelling them would be a second source of truth."""
     for key in stack.manifest.env:
         if key in stack.arch.env or key in ("MAX_JOBS", "FLASHINFER_NVCC_THREADS"):
-            doc = next((d for d in docs if ("env", key) in d.lines), docs[0])
-            raise StackError(
+            raise _error_at(
+                docs,
+                ("env", key),
                 f"{key} is derived by the builder and cannot be set in env",
-                file=doc.path, key=f"env.{key}", line=doc.lines.get(("env", key)),
-                hint="list target GPUs under `gpus:` and build settings under `build:`",
+                "list target GPUs under `gpus:` and build settings under `build:`",
             )
 
 
+def _error_at(
+    docs: list[YamlDocument], key_path: tuple[str | int, ...], message: str, hint: str | None = None
+) -> StackError:
+    """An error at the manifest (child first) that spells out key_path, with its line."""
+    doc = next((d for d in docs if key_path in d.lines), docs[0])
+    key = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in key_path).replace(".[", "[")
+    return StackError(message, file=doc.path, key=key, line=doc.line_of(key_path), hint=hint)
+
+
 def _check_patches(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
-    root = stack.repo_root.resolve()
+    patches_dir = (stack.repo_root / "patches").resolve()
     for index, patch in enumerate(stack.manifest.patches):
-        doc = next((d for d in docs if ("patches", index) in d.lines), docs[0])
-        where = {"file": doc.path, "key": f"patches[{index}].file",
-                 "line": doc.lines.get(("patches", index, "file"))}
-        path = (root / patch.file).resolve()
-        if not path.is_relative_to(root / "patches"):
-            raise StackError(f"patch {patch.file} is outside the repository's patches/ folder",
-                             hint="keep patch files under patches/", **where)  # type: ignore[arg-type]
+        path = stack.local_file(patch.file).resolve()
+        if not path.is_relative_to(patches_dir):
+            raise _error_at(
+                docs,
+                ("patches", index, "file"),
+                f"patch {patch.file} is outside the repository's patches/ folder",
+                "keep patch files under patches/",
+            )
         if not path.is_file():
-            raise StackError(f"patch file {patch.file} does not exist", **where)  # type: ignore[arg-type]
+            raise _error_at(
+                docs, ("patches", index, "file"), f"patch file {patch.file} does not exist"
+            )
         actual = hashlib.sha256(path.read_bytes()).hexdigest()
         if actual != patch.sha256:
-            raise StackError(
+            raise _error_at(
+                docs,
+                ("patches", index, "sha256"),
                 f"patch {patch.file} has sha256 {actual}, the manifest says {patch.sha256}",
-                hint="if the patch changed on purpose, update sha256 in the manifest",
-                **{**where, "key": f"patches[{index}].sha256"},  # type: ignore[arg-type]
+                "if the patch changed on purpose, update sha256 in the manifest",
             )
 
 
 def _check_wheels(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
     for index, wheel in enumerate(stack.manifest.python.wheels):
         if not stack.local_file(wheel).is_file():
-            doc = next((d for d in docs if ("python", "wheels", index) in d.lines), docs[0])
-            raise StackError(
-                f"wheel {wheel} does not exist on this machine", file=doc.path,
-                key=f"python.wheels[{index}]", line=doc.lines.get(("python", "wheels", index)),
-                hint="download it (pip download --no-deps NAME==VERSION -d DIR) or fix the path",
+            raise _error_at(
+                docs,
+                ("python", "wheels", index),
+                f"wheel {wheel} does not exist on this machine",
+                "`make wheels-local` fetches the wheels the test stacks use",
             )
 
 
@@ -228,7 +259,8 @@ def rule_facts(stack: ResolvedStack) -> dict[str, Any]:
         facts[prefix] = value
 
     flatten("", stack.manifest.model_dump(mode="json"))
-    for package, pin in stack.manifest.python.packages.items():
+    python = stack.manifest.python
+    for package, pin in {**python.packages, **python.overrides}.items():
         facts[f"pins.{package}"] = pin.version
     facts["patched"] = sorted({p.package for p in stack.manifest.patches})
     facts["arch.flashinfer"] = list(stack.arch.flashinfer_archs)

@@ -42,17 +42,17 @@ class YamlDocument:
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """A SafeLoader whose composer refuses aliases instead of sharing (and later expanding) nodes."""
+    """A SafeLoader whose composer refuses aliases rather than share (and later expand) nodes."""
 
-    def compose_node(self, parent: Node | None, index: int | Node | None) -> Node | None:
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             raise _YamlRefusal(
                 "YAML aliases (*name) are not allowed in manifests",
                 event.start_mark.line + 1,
                 "use `extends: <stack>` to share settings between stacks",
             )
-        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        return super().compose_node(parent, index)
 
 
 class _YamlRefusal(Exception):
@@ -73,9 +73,10 @@ def load_yaml(path: Path) -> YamlDocument:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
         raise StackError(
-            f"not valid UTF-8 (byte {exc.start})", file=path, line=line,
+            f"not valid UTF-8 (byte {exc.start})",
+            file=path,
+            line=raw[: exc.start].count(b"\n") + 1,
             hint="save the file as UTF-8",
         ) from None
     try:
@@ -84,9 +85,12 @@ def load_yaml(path: Path) -> YamlDocument:
         raise StackError(str(exc), file=path, line=exc.line, hint=exc.hint) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
         problem = exc.problem or exc.context or "invalid YAML"
-        raise StackError(f"YAML syntax error: {problem}", file=path, line=line) from None
+        raise StackError(
+            f"YAML syntax error: {problem}",
+            file=path,
+            line=mark.line + 1 if mark is not None else None,
+        ) from None
     except yaml.YAMLError as exc:
         raise StackError(f"YAML error: {exc}", file=path) from None
     if node is None:
@@ -102,8 +106,10 @@ def load_yaml(path: Path) -> YamlDocument:
 def _build(node: Node, key_path: KeyPath, doc: YamlDocument, depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise StackError(
-            f"nesting deeper than {MAX_DEPTH} levels", file=doc.path,
-            key=_dotted(key_path), line=node.start_mark.line + 1,
+            f"nesting deeper than {MAX_DEPTH} levels",
+            file=doc.path,
+            key=_dotted(key_path),
+            line=node.start_mark.line + 1,
         )
     doc.lines.setdefault(key_path, node.start_mark.line + 1)
     if isinstance(node, MappingNode):
@@ -113,13 +119,18 @@ def _build(node: Node, key_path: KeyPath, doc: YamlDocument, depth: int) -> Any:
             if not isinstance(key_node, ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                 raise StackError(
                     "keys must be plain strings (no merge keys or complex keys)",
-                    file=doc.path, key=_dotted(key_path), line=line,
+                    file=doc.path,
+                    key=_dotted(key_path),
+                    line=line,
                 )
             key = str(key_node.value)
             if key in result:
                 raise StackError(
-                    f"duplicate key {key!r}", file=doc.path, key=_dotted((*key_path, key)),
-                    line=line, hint="each key may appear once per mapping; remove one",
+                    f"duplicate key {key!r}",
+                    file=doc.path,
+                    key=_dotted((*key_path, key)),
+                    line=line,
+                    hint="each key may appear once per mapping; remove one",
                 )
             doc.lines[(*key_path, key)] = line
             result[key] = _build(value_node, (*key_path, key), doc, depth + 1)
@@ -132,7 +143,9 @@ def _build(node: Node, key_path: KeyPath, doc: YamlDocument, depth: int) -> Any:
         return constructor.construct_object(node)
     except yaml.YAMLError as exc:
         raise StackError(
-            f"invalid value: {exc}", file=doc.path, key=_dotted(key_path),
+            f"invalid value: {exc}",
+            file=doc.path,
+            key=_dotted(key_path),
             line=node.start_mark.line + 1,
         ) from None
 

@@ -1,0 +1,92 @@
+# Rendered by sm120-stacks from stacks/vllm-0.17-flashinfer-cutlass.yaml; edit the manifest, not this file.
+
+# --- toolchain: build base, system packages, Python 3.12 virtual environment ---
+FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS toolchain
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3.12 python3.12-venv python3.12-dev ca-certificates patch \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3.12 -m venv /opt/venv
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# --- packages: exact pins; torch in an earlier layer of its own ---
+FROM toolchain AS packages
+# The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; pip's cache lives
+# in a cache mount, so --no-cache-dir (DL3042) would only slow rebuilds. Separate RUNs (DL3059)
+# on purpose: the heavy layer survives a change of any other pin.
+COPY requirements/ /opt/sm120-stacks/requirements/
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install -c /opt/sm120-stacks/requirements/all.txt -r /opt/sm120-stacks/requirements/heavy.txt
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install -r /opt/sm120-stacks/requirements/all.txt
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --no-deps -r /opt/sm120-stacks/requirements/overrides.txt
+
+# --- patches: applied to the installed packages, checksums verified first ---
+FROM packages AS patched
+COPY patches/ /opt/sm120-stacks/patches/
+WORKDIR /opt/sm120-stacks/patches
+RUN sha256sum --check --strict SHA256SUMS \
+ && site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+ && patch --forward --batch --strip=1 --directory="$site" --input=vllm-sm120-capability.patch \
+ && patch --forward --batch --strip=1 --directory="$site" --input=flashinfer-sm120-moe-arch.patch \
+ && cp SHA256SUMS APPLIED
+WORKDIR /
+
+# --- jit-cache: FlashInfer modules compiled for 12.0f, one at a time ---
+FROM patched AS jit-cache
+# Compile jobs: the manifest's max_jobs, or what the build machine's memory allows ("auto").
+ARG MAX_JOBS=2
+ENV CMAKE_CUDA_ARCHITECTURES="120f" \
+    CUDA_HOME="/usr/local/cuda" \
+    FLASHINFER_CUDA_ARCH_LIST="12.0f" \
+    FLASHINFER_NVCC_THREADS="1" \
+    FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
+    TORCH_CUDA_ARCH_LIST="12.0a"
+RUN --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    python /opt/sm120-stacks/tools/precompile_flashinfer.py --max-jobs "${MAX_JOBS}" \
+    norm sampling rope activation page fused_moe_120 gemm_sm120 fp4_gemm_cutlass_sm120 fp4_quantization_120f
+
+# --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
+FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS runtime
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3.12 python3.12-venv ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=patched /opt/venv /opt/venv
+COPY --from=patched /opt/sm120-stacks /opt/sm120-stacks
+COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    CMAKE_CUDA_ARCHITECTURES="120f" \
+    CUDA_HOME="/usr/local/cuda" \
+    FLASHINFER_CUDA_ARCH_LIST="12.0f" \
+    FLASHINFER_NVCC_THREADS="1" \
+    FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
+    TORCH_CUDA_ARCH_LIST="12.0a" \
+    MAX_JOBS=2
+ENV NCCL_CUMEM_ENABLE="0" \
+    TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas" \
+    VLLM_NVFP4_GEMM_BACKEND="cutlass" \
+    VLLM_WORKER_MULTIPROC_METHOD="spawn"
+EXPOSE 8000
+CMD ["vllm", "serve", "nvidia/Qwen3.5-397B-A17B-NVFP4", "--host", "0.0.0.0", "--port", "8000", "--moe-backend", "flashinfer_cutlass", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2", "--max-model-len", "32768", "--kv-cache-dtype", "fp8_e4m3", "--gpu-memory-utilization", "0.92", "--dtype", "bfloat16", "--trust-remote-code"]

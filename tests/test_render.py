@@ -1,0 +1,113 @@
+"""Rendering: golden files, determinism across processes, layer order, atomic writes, hadolint."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import REPO_ROOT
+from builder.render import render, write_context
+from builder.resolve import resolve, stack_names
+from tests.golden import GOLDEN_DIR, STACKS, rendered_dockerfile
+
+ALL_STACKS = stack_names(STACKS)
+
+
+@pytest.mark.parametrize("name", ALL_STACKS)
+def test_golden_dockerfile(name: str) -> None:
+    golden = GOLDEN_DIR / f"{name}.Dockerfile"
+    assert golden.exists(), "run `make golden` and review the new file"
+    assert (
+        rendered_dockerfile(name) == golden.read_text()
+    ), f"{name} renders differently from {golden}; if intended, `make golden` and review the diff"
+
+
+def _hash_in_subprocess(env: dict[str, str]) -> str:
+    code = (
+        "from builder.render import render; from builder.resolve import resolve, stack_names;"
+        "from tests.golden import STACKS;"
+        "print(*[n + ' ' + render(resolve(n, STACKS)).content_hash() for n in stack_names(STACKS)])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return result.stdout
+
+
+def test_render_is_deterministic_across_processes_env_locale_and_clock() -> None:
+    base = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT)}
+    first = _hash_in_subprocess({**base, "LANG": "C", "TZ": "UTC", "PYTHONHASHSEED": "1"})
+    second = _hash_in_subprocess(
+        {
+            **base,
+            "LANG": "de_DE.UTF-8",
+            "LC_ALL": "tr_TR.UTF-8",
+            "TZ": "Pacific/Chatham",
+            "PYTHONHASHSEED": "4242",
+            "HOME": "/nonexistent",
+            "SOURCE_DATE_EPOCH": "1",
+            "FLASHINFER_CUDA_ARCH_LIST": "9.0a",
+            "MAX_JOBS": "64",
+        }
+    )
+    assert first == second
+    assert len(first.split()) == 2 * len(ALL_STACKS)
+
+
+def test_runtime_settings_come_after_every_package_layer() -> None:
+    dockerfile = rendered_dockerfile("vllm-0.22-marlin")
+    last_heavy = max(dockerfile.rfind("pip install"), dockerfile.rfind("COPY --from=jit-cache"))
+    for marker in ("CMD [", 'TRITON_PTXAS_PATH="'):
+        assert dockerfile.rfind(marker) > last_heavy
+
+
+def test_serve_argument_change_touches_only_the_last_lines(stacks_dir: Path) -> None:
+    before = render(resolve("vllm-0.22-marlin", stacks_dir)).dockerfile.splitlines()
+    path = stacks_dir / "vllm-0.22-marlin.yaml"
+    path.write_text(path.read_text().replace("max_model_len: 32768", "max_model_len: 8192"))
+    after = render(resolve("vllm-0.22-marlin", stacks_dir)).dockerfile.splitlines()
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert changed == [len(before) - 1], "only the CMD line may change"
+
+
+def test_arch_flags_reach_each_consumer_in_its_own_spelling() -> None:
+    dockerfile = rendered_dockerfile("vllm-0.22-marlin")
+    assert 'FLASHINFER_CUDA_ARCH_LIST="12.0f"' in dockerfile
+    assert 'TORCH_CUDA_ARCH_LIST="12.0a"' in dockerfile
+    assert "12.0f" not in re.findall(r'TORCH_CUDA_ARCH_LIST="([^"]*)"', dockerfile)[0]
+
+
+def test_write_context_is_complete_and_replaces_atomically(tmp_path: Path) -> None:
+    rendered = render(resolve("vllm-0.17-flashinfer-cutlass", STACKS))
+    target = write_context(rendered, tmp_path / "ctx")
+    for relative, (content, mode) in rendered.files.items():
+        assert (target / relative).read_bytes() == content
+        assert (target / relative).stat().st_mode & 0o777 == mode
+    (target / "stale-file").write_text("x")
+    write_context(rendered, target)
+    assert not (target / "stale-file").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx"]
+
+
+def test_rendered_dockerfiles_pass_hadolint(tmp_path: Path) -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    for name in ALL_STACKS:
+        path = tmp_path / f"{name}.Dockerfile"
+        path.write_text(rendered_dockerfile(name))
+        result = subprocess.run(
+            [hadolint, "--no-color", "--failure-threshold", "info", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, f"{name}:\n{result.stdout}{result.stderr}"
