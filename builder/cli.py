@@ -17,9 +17,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from builder.build import BuildFailed, BuildOptions, build_stack
 from builder.check import check_stack, violation_error
+from builder.distribute import pull_stack, push_stack, registry_has_current
+from builder.engine import detect_build_client, engine_api
 from builder.errors import EXIT_BAD_INPUT, StackError
 from builder.manifest import Manifest
+from builder.registry import Registry, RegistryError
 from builder.render import render, write_context
 from builder.resolve import ResolvedStack, resolve, stack_names
 
@@ -36,6 +40,9 @@ def user_errors(func: F) -> F:
         except StackError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
+        except (BuildFailed, RegistryError) as exc:
+            click.echo(f"failed: {exc}", err=True)
+            sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
@@ -50,6 +57,14 @@ class Settings:
 
     def resolve(self, name: str) -> ResolvedStack:
         return resolve(name, self.stacks_dir)
+
+    def checked(self, name: str) -> ResolvedStack:
+        """A resolved stack that passed every compatibility rule."""
+        stack = self.resolve(name)
+        result = check_stack(stack)
+        if not result.ok:
+            raise violation_error(result)
+        return stack
 
 
 pass_settings = click.make_pass_decorator(Settings)
@@ -143,15 +158,84 @@ def check(settings: Settings, stacks: tuple[str, ...]) -> None:
 @user_errors
 def render_cmd(settings: Settings, stack: str, to_stdout: bool) -> None:
     """Write the complete build context to BUILD_DIR/STACK/context and print its path."""
-    resolved = settings.resolve(stack)
-    result = check_stack(resolved)
-    if not result.ok:
-        raise violation_error(result)
-    rendered = render(resolved)
+    rendered = render(settings.checked(stack))
     if to_stdout:
         click.echo(rendered.dockerfile, nl=False)
         return
     click.echo(write_context(rendered, settings.build_dir / stack / "context"))
+
+
+registry_option = click.option(
+    "--registry", envvar="SM120_STACKS_REGISTRY", metavar="HOST[:PORT][/NAMESPACE]",
+    help="Registry to push to / pull from (env SM120_STACKS_REGISTRY).",
+)
+
+
+def _ca_bundle(value: Path | None) -> Path | None:
+    if value is not None and not value.is_file():
+        raise StackError(f"CA bundle {value} does not exist", key="--ca-bundle")
+    return value
+
+
+@cli.command()
+@click.argument("stack")
+@click.option("--pull-or-build", is_flag=True,
+              help="Pull the image of this exact content hash when the registry has it.")
+@registry_option
+@click.option("--network", default="host", show_default=True, help="Network for RUN steps.")
+@click.option("--ca-bundle", type=click.Path(path_type=Path), envvar="SM120_STACKS_CA_BUNDLE",
+              help="CA bundle of a TLS-intercepting proxy, passed as a BuildKit secret.")
+@click.option("--hf-token-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              envvar="SM120_STACKS_HF_TOKEN_FILE", help="Hugging Face token, as a secret.")
+@click.option("--max-jobs", type=click.IntRange(1, 256), default=None,
+              help="Compile jobs for the JIT cache (default: the manifest's).")
+@click.option("--no-cache", is_flag=True, help="Rebuild every layer.")
+@pass_settings
+@user_errors
+def build(settings: Settings, stack: str, pull_or_build: bool, registry: str | None,
+          network: str, ca_bundle: Path | None, hf_token_file: Path | None,
+          max_jobs: int | None, no_cache: bool) -> None:
+    """Build the stack's image (nothing happens when its content hash is already built)."""
+    resolved = settings.checked(stack)
+    api = engine_api()
+    if pull_or_build:
+        target = Registry.parse(registry)
+        if registry_has_current(resolved, api, target):
+            ref = pull_stack(resolved, settings.build_dir, api, target)
+            click.echo(f"pulled {ref} from {target.repository}")
+            return
+        click.echo(f"{target.repository} has no image of this content hash; building")
+    options = BuildOptions(network=network, ca_bundle=_ca_bundle(ca_bundle),
+                           hf_token_file=hf_token_file, max_jobs=max_jobs, no_cache=no_cache)
+    outcome = build_stack(resolved, settings.build_dir, detect_build_client(), api, options)
+    if outcome.reused:
+        click.echo(f"up to date: {outcome.image_ref}")
+    else:
+        click.echo(f"built {outcome.image_ref} in {outcome.seconds:.0f}s\n  log: {outcome.log}")
+
+
+@cli.command()
+@click.argument("stack")
+@registry_option
+@click.option("--force", is_flag=True, help="Push even when the image's tests did not pass.")
+@pass_settings
+@user_errors
+def push(settings: Settings, stack: str, registry: str | None, force: bool) -> None:
+    """Push the stack's current image (content tag and moving tag); print its digest."""
+    pushed = push_stack(settings.checked(stack), settings.build_dir, engine_api(),
+                        Registry.parse(registry), force=force)
+    click.echo(pushed.digest_ref)
+
+
+@cli.command()
+@click.argument("stack")
+@registry_option
+@pass_settings
+@user_errors
+def pull(settings: Settings, stack: str, registry: str | None) -> None:
+    """Pull the image of the stack's current content hash."""
+    click.echo(pull_stack(settings.checked(stack), settings.build_dir, engine_api(),
+                          Registry.parse(registry)))
 
 
 @cli.command()

@@ -142,15 +142,19 @@ def template_context(stack: ResolvedStack) -> TemplateContext:
 
 
 def requirements(
-    stack: ResolvedStack, names: list[str] | None = None, overrides: bool = False
+    stack: ResolvedStack,
+    names: list[str] | None = None,
+    overrides: bool = False,
+    constraints: bool = False,
 ) -> str:
+    """A pip requirements file of the pins; constraints carry no extras (pip refuses them)."""
     py = stack.manifest.python
     lines = [f"--index-url {py.index_url}"] + [
         f"--extra-index-url {u}" for u in py.extra_index_urls
     ]
     for name, pin in (py.overrides if overrides else py.packages).items():
         if names is None or name in names:
-            extras = f"[{','.join(pin.extras)}]" if pin.extras else ""
+            extras = f"[{','.join(pin.extras)}]" if pin.extras and not constraints else ""
             lines.append(f"{name}{extras}=={pin.version}")
     return "\n".join(lines) + "\n"
 
@@ -166,6 +170,7 @@ def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> Rendere
             REGULAR,
         ),
         "requirements/all.txt": (requirements(stack).encode(), REGULAR),
+        "requirements/constraints.txt": (requirements(stack, constraints=True).encode(), REGULAR),
         "requirements/heavy.txt": (requirements(stack, ctx.heavy_packages).encode(), REGULAR),
     }
     if stack.manifest.python.overrides:

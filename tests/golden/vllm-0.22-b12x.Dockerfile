@@ -24,7 +24,7 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=hf-token \
     --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
     /opt/sm120-stacks/tools/with-secrets.sh \
-    pip install -c /opt/sm120-stacks/requirements/all.txt -r /opt/sm120-stacks/requirements/heavy.txt
+    pip install -c /opt/sm120-stacks/requirements/constraints.txt -r /opt/sm120-stacks/requirements/heavy.txt
 # hadolint ignore=DL3042,DL3059
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=proxy-ca \

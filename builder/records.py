@@ -1,0 +1,64 @@
+"""What happened to each content hash of a stack: built, tested, pushed.
+
+A small JSON file per (stack, content hash) under build/STACK/records/, written atomically, so
+`list`, `push` (refuses untested images) and `pin` (refuses unpushed ones) agree on the facts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.images import HASH_CHARS
+
+
+@dataclass
+class Record:
+    stack: str
+    content_hash: str
+    image_id: str | None = None
+    #: "passed" / "failed" / None (never tested), and where the report is.
+    tests: str | None = None
+    report: str | None = None
+    #: registry repository -> pushed digest (repo@sha256:...).
+    pushed: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def record_path(build_dir: Path, stack: str, content_hash: str) -> Path:
+    return build_dir / stack / "records" / f"{content_hash[:HASH_CHARS]}.json"
+
+
+def load_record(build_dir: Path, stack: str, content_hash: str) -> Record:
+    path = record_path(build_dir, stack, content_hash)
+    if not path.is_file():
+        return Record(stack=stack, content_hash=content_hash)
+    data = json.loads(path.read_text())
+    return Record(**data)
+
+
+def save_record(build_dir: Path, record: Record) -> Path:
+    path = record_path(build_dir, record.stack, record.content_hash)
+    write_atomic(path, json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so readers see the old or the new content, never a half-written one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,65 @@
+# Rendered by sm120-stacks from stacks/ci-mini.yaml; edit the manifest, not this file.
+
+# --- toolchain: build base, system packages, Python 3.11 virtual environment ---
+FROM local/debian-python:bookworm AS toolchain
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN python3.11 -m venv /opt/venv
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# --- packages: exact pins; torch in an earlier layer of its own ---
+FROM toolchain AS packages
+# The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; pip's cache lives
+# in a cache mount, so --no-cache-dir (DL3042) would only slow rebuilds. Separate RUNs (DL3059)
+# on purpose: the heavy layer survives a change of any other pin.
+COPY requirements/ /opt/sm120-stacks/requirements/
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --find-links /opt/sm120-stacks/wheels -c /opt/sm120-stacks/requirements/constraints.txt -r /opt/sm120-stacks/requirements/heavy.txt
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --find-links /opt/sm120-stacks/wheels -r /opt/sm120-stacks/requirements/all.txt
+
+# --- patches: applied to the installed packages, checksums verified first ---
+FROM packages AS patched
+
+# --- jit-cache: FlashInfer modules compiled for 12.0f, one at a time ---
+FROM patched AS jit-cache
+# Compile jobs: the manifest's max_jobs, or what the build machine's memory allows ("auto").
+ARG MAX_JOBS=2
+ENV CMAKE_CUDA_ARCHITECTURES="120f" \
+    FLASHINFER_CUDA_ARCH_LIST="12.0f" \
+    FLASHINFER_NVCC_THREADS="1" \
+    FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
+    TORCH_CUDA_ARCH_LIST="12.0a"
+RUN mkdir -p /opt/flashinfer-cache
+
+# --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
+FROM local/debian-python:bookworm AS runtime
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY --from=patched /opt/venv /opt/venv
+COPY --from=patched /opt/sm120-stacks /opt/sm120-stacks
+COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    CMAKE_CUDA_ARCHITECTURES="120f" \
+    FLASHINFER_CUDA_ARCH_LIST="12.0f" \
+    FLASHINFER_NVCC_THREADS="1" \
+    FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
+    TORCH_CUDA_ARCH_LIST="12.0a" \
+    MAX_JOBS=2
+ENV HF_HUB_OFFLINE="1" \
+    TOKENIZERS_PARALLELISM="false"
+EXPOSE 8000
+CMD ["transformers", "serve", "/models/tiny", "--host", "0.0.0.0", "--port", "8000"]
