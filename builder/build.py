@@ -79,8 +79,9 @@ def build_stack(
     existing = find_image(api, ref, content_hash)
     if existing is not None and not options.no_cache:
         existing.tag(moving_ref(stack.name))
-        return BuildOutcome(stack.name, content_hash, ref, existing.id, True,
-                            time.monotonic() - started)
+        return BuildOutcome(
+            stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
+        )
     stack_dir = build_dir / stack.name
     context = write_context(rendered, stack_dir / "context")
     logs = stack_dir / "logs"
@@ -99,17 +100,38 @@ def build_stack(
     record = load_record(build_dir, stack.name, content_hash)
     record.image_id = image_id
     save_record(build_dir, record)
-    return BuildOutcome(stack.name, content_hash, ref, image_id, False,
-                        time.monotonic() - started, log_path, command_path)
+    return BuildOutcome(
+        stack.name,
+        content_hash,
+        ref,
+        image_id,
+        False,
+        time.monotonic() - started,
+        log_path,
+        command_path,
+    )
 
 
 def build_argv(
-    stack: ResolvedStack, rendered: RenderedContext, context: Path, client: BuildClient,
-    options: BuildOptions, iidfile: Path,
+    stack: ResolvedStack,
+    rendered: RenderedContext,
+    context: Path,
+    client: BuildClient,
+    options: BuildOptions,
+    iidfile: Path,
 ) -> list[str]:
-    argv = [*client.argv, "--progress=plain", "--network", options.network,
-            "--target", TARGET_STAGE, "--iidfile", str(iidfile),
-            "--file", str(context / "Dockerfile")]
+    argv = [
+        *client.argv,
+        "--progress=plain",
+        "--network",
+        options.network,
+        "--target",
+        TARGET_STAGE,
+        "--iidfile",
+        str(iidfile),
+        "--file",
+        str(context / "Dockerfile"),
+    ]
     for key, value in image_labels(stack, rendered.content_hash()).items():
         argv += ["--label", f"{key}={value}"]
     if options.ca_bundle is not None:
@@ -141,8 +163,13 @@ def _run_build(
     with log_path.open("w") as log, Progress(stack, live=live) as progress:
         log.write(f"$ {shlex.join(argv)}\n")
         process = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-            errors="replace", start_new_session=True,
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            errors="replace",
+            start_new_session=True,
         )
         try:
             assert process.stdout is not None

@@ -166,7 +166,9 @@ def render_cmd(settings: Settings, stack: str, to_stdout: bool) -> None:
 
 
 registry_option = click.option(
-    "--registry", envvar="SM120_STACKS_REGISTRY", metavar="HOST[:PORT][/NAMESPACE]",
+    "--registry",
+    envvar="SM120_STACKS_REGISTRY",
+    metavar="HOST[:PORT][/NAMESPACE]",
     help="Registry to push to / pull from (env SM120_STACKS_REGISTRY).",
 )
 
@@ -179,22 +181,45 @@ def _ca_bundle(value: Path | None) -> Path | None:
 
 @cli.command()
 @click.argument("stack")
-@click.option("--pull-or-build", is_flag=True,
-              help="Pull the image of this exact content hash when the registry has it.")
+@click.option(
+    "--pull-or-build",
+    is_flag=True,
+    help="Pull the image of this exact content hash when the registry has it.",
+)
 @registry_option
 @click.option("--network", default="host", show_default=True, help="Network for RUN steps.")
-@click.option("--ca-bundle", type=click.Path(path_type=Path), envvar="SM120_STACKS_CA_BUNDLE",
-              help="CA bundle of a TLS-intercepting proxy, passed as a BuildKit secret.")
-@click.option("--hf-token-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              envvar="SM120_STACKS_HF_TOKEN_FILE", help="Hugging Face token, as a secret.")
-@click.option("--max-jobs", type=click.IntRange(1, 256), default=None,
-              help="Compile jobs for the JIT cache (default: the manifest's).")
+@click.option(
+    "--ca-bundle",
+    type=click.Path(path_type=Path),
+    envvar="SM120_STACKS_CA_BUNDLE",
+    help="CA bundle of a TLS-intercepting proxy, passed as a BuildKit secret.",
+)
+@click.option(
+    "--hf-token-file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    envvar="SM120_STACKS_HF_TOKEN_FILE",
+    help="Hugging Face token, as a secret.",
+)
+@click.option(
+    "--max-jobs",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Compile jobs for the JIT cache (default: the manifest's).",
+)
 @click.option("--no-cache", is_flag=True, help="Rebuild every layer.")
 @pass_settings
 @user_errors
-def build(settings: Settings, stack: str, pull_or_build: bool, registry: str | None,
-          network: str, ca_bundle: Path | None, hf_token_file: Path | None,
-          max_jobs: int | None, no_cache: bool) -> None:
+def build(
+    settings: Settings,
+    stack: str,
+    pull_or_build: bool,
+    registry: str | None,
+    network: str,
+    ca_bundle: Path | None,
+    hf_token_file: Path | None,
+    max_jobs: int | None,
+    no_cache: bool,
+) -> None:
     """Build the stack's image (nothing happens when its content hash is already built)."""
     resolved = settings.checked(stack)
     api = engine_api()
@@ -205,8 +230,13 @@ def build(settings: Settings, stack: str, pull_or_build: bool, registry: str | N
             click.echo(f"pulled {ref} from {target.repository}")
             return
         click.echo(f"{target.repository} has no image of this content hash; building")
-    options = BuildOptions(network=network, ca_bundle=_ca_bundle(ca_bundle),
-                           hf_token_file=hf_token_file, max_jobs=max_jobs, no_cache=no_cache)
+    options = BuildOptions(
+        network=network,
+        ca_bundle=_ca_bundle(ca_bundle),
+        hf_token_file=hf_token_file,
+        max_jobs=max_jobs,
+        no_cache=no_cache,
+    )
     outcome = build_stack(resolved, settings.build_dir, detect_build_client(), api, options)
     if outcome.reused:
         click.echo(f"up to date: {outcome.image_ref}")
@@ -222,8 +252,13 @@ def build(settings: Settings, stack: str, pull_or_build: bool, registry: str | N
 @user_errors
 def push(settings: Settings, stack: str, registry: str | None, force: bool) -> None:
     """Push the stack's current image (content tag and moving tag); print its digest."""
-    pushed = push_stack(settings.checked(stack), settings.build_dir, engine_api(),
-                        Registry.parse(registry), force=force)
+    pushed = push_stack(
+        settings.checked(stack),
+        settings.build_dir,
+        engine_api(),
+        Registry.parse(registry),
+        force=force,
+    )
     click.echo(pushed.digest_ref)
 
 
@@ -234,8 +269,11 @@ def push(settings: Settings, stack: str, registry: str | None, force: bool) -> N
 @user_errors
 def pull(settings: Settings, stack: str, registry: str | None) -> None:
     """Pull the image of the stack's current content hash."""
-    click.echo(pull_stack(settings.checked(stack), settings.build_dir, engine_api(),
-                          Registry.parse(registry)))
+    click.echo(
+        pull_stack(
+            settings.checked(stack), settings.build_dir, engine_api(), Registry.parse(registry)
+        )
+    )
 
 
 @cli.command()

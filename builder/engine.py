@@ -91,7 +91,9 @@ def _client_version(path: str) -> int | None:
     try:
         result = subprocess.run(
             [path, "version", "--format", "{{.Client.Version}}"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

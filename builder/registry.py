@@ -46,7 +46,8 @@ class Registry:
         if match is None:
             raise StackError(
                 f"registry {value!r} is not HOST[:PORT][/NAMESPACE]",
-                key="--registry", hint="e.g. 127.0.0.1:5000 or registry.example.com/ml",
+                key="--registry",
+                hint="e.g. 127.0.0.1:5000 or registry.example.com/ml",
             )
         return cls(match.group("host"), match.group("namespace"))
 
@@ -65,12 +66,12 @@ def push(api: Any, registry: Registry, local_ref: str, stack: str, content_hash:
     digest = ""
     for tag in (content_tag(stack, content_hash), stack):
         image.tag(registry.repository, tag)
-        pushed = _with_retries(
-            registry, lambda t=tag: _check_stream(
-                api.api.push(registry.repository, tag=t, stream=True, decode=True), "push", t
-            )
-        )
-        digest = digest or pushed
+
+        def push_tag(tag: str = tag) -> str:
+            stream = api.api.push(registry.repository, tag=tag, stream=True, decode=True)
+            return _check_stream(stream, "push", tag)
+
+        digest = digest or _with_retries(registry, push_tag)
     if not digest:
         raise RegistryError(f"push to {registry.repository} reported no digest")
     return f"{registry.repository}@{digest}"
@@ -80,9 +81,10 @@ def pull(api: Any, registry: Registry, stack: str, content_hash: str) -> Any:
     """Pull the image of this exact content hash; its label must say the same hash."""
     tag = content_tag(stack, content_hash)
     _with_retries(
-        registry, lambda: _check_stream(
+        registry,
+        lambda: _check_stream(
             api.api.pull(registry.repository, tag=tag, stream=True, decode=True), "pull", tag
-        )
+        ),
     )
     image = api.images.get(registry.ref(tag))
     label = (image.labels or {}).get("sm120-stacks.content-hash")
@@ -171,6 +173,14 @@ def _is_connection_error(exc: BaseException) -> bool:
 
 
 def _looks_like_connection(text: str) -> bool:
-    markers = ("connection refused", "no such host", "i/o timeout", "connection reset",
-               "dial tcp", "EOF", "server misbehaving", "network is unreachable")
+    markers = (
+        "connection refused",
+        "no such host",
+        "i/o timeout",
+        "connection reset",
+        "dial tcp",
+        "EOF",
+        "server misbehaving",
+        "network is unreachable",
+    )
     return any(marker in text for marker in markers)

@@ -1,0 +1,135 @@
+"""Engine fixtures: the base image, the local wheels, the registry, and the CLI as a process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder import REPO_ROOT
+from builder.images import local_ref, moving_ref
+from builder.registry import REGISTRY_ENV, Registry
+from builder.render import render
+from builder.resolve import resolve
+from tests.conftest import REQUIRE_ENGINE
+
+BASE_IMAGE = "local/debian-python:bookworm"
+DEFAULT_REGISTRY = "127.0.0.1:5000"
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+@pytest.fixture(scope="session")
+def api() -> Any:
+    from builder.engine import engine_api
+
+    return engine_api()
+
+
+@pytest.fixture(scope="session")
+def base_image(api: Any) -> str:
+    """The registry-free base image the test stacks build FROM (made here when missing)."""
+    from docker.errors import ImageNotFound
+
+    try:
+        api.images.get(BASE_IMAGE)
+    except ImageNotFound:
+        subprocess.run([str(REPO_ROOT / "scripts" / "make-base-local.sh")], check=True)
+    subprocess.run(
+        [str(REPO_ROOT / "scripts" / "fetch-local-wheels.sh")],
+        check=True,
+        cwd=REPO_ROOT,
+        capture_output=True,
+    )
+    return BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory: pytest.TempPathFactory, base_image: str) -> Path:
+    """A repository-shaped scratch folder: stacks/ to add variants to, build/ for outputs."""
+    root = tmp_path_factory.mktemp("repo")
+    shutil.copytree(REPO_ROOT / "stacks", root / "stacks")
+    (root / "patches").symlink_to(REPO_ROOT / "patches")
+    (root / "build").mkdir()
+    (root / "build" / "wheels").symlink_to(REPO_ROOT / "build" / "wheels")
+    return root
+
+
+@pytest.fixture(scope="session")
+def proxy_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The machine's CA bundle plus a unique marker line (PEM readers skip text between certs)."""
+    marker = "sm120-stacks-secret-marker-" + os.urandom(8).hex()
+    path = tmp_path_factory.mktemp("secrets") / "proxy-ca.pem"
+    path.write_text(CA_BUNDLE.read_text() + f"\n{marker}\n")
+    return path, marker
+
+
+@pytest.fixture(scope="session")
+def cli_process(workspace: Path, proxy_ca: tuple[Path, str]) -> Callable[..., Any]:
+    """Run `sm120-stacks` as a real process in the workspace (exit status and output kept)."""
+
+    def run(*args: str, check: bool = True, **popen: Any) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "SM120_STACKS_CA_BUNDLE": str(proxy_ca[0])}
+        result = subprocess.run(
+            [sys.executable, "-m", "builder", *args],
+            cwd=workspace,
+            env=env,
+            capture_output=True,
+            text=True,
+            **popen,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"sm120-stacks {' '.join(args)} -> {result.returncode}\n"
+                f"{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def ci_mini(cli_process: Callable[..., Any], workspace: Path, api: Any) -> dict[str, str]:
+    """ci-mini built (or found up to date) once per session."""
+    cli_process("build", "ci-mini")
+    content_hash = render(resolve("ci-mini", workspace / "stacks")).content_hash()
+    return {"hash": content_hash, "ref": local_ref("ci-mini", content_hash)}
+
+
+@pytest.fixture(scope="session")
+def registry() -> Registry:
+    value = os.environ.get(REGISTRY_ENV, DEFAULT_REGISTRY)
+    target = Registry.parse(value)
+    try:
+        urllib.request.urlopen(f"http://{target.host}/v2/", timeout=5)
+    except OSError as exc:
+        message = f"no registry at {target.host} ({exc}); .ci/run starts one"
+        if REQUIRE_ENGINE:
+            pytest.fail(message)
+        pytest.skip(message)
+    return target
+
+
+@pytest.fixture
+def variant(workspace: Path, api: Any) -> Iterator[Callable[[str, str], str]]:
+    """Write stacks/NAME.yaml extending ci-mini; untag its images afterwards."""
+    names: list[str] = []
+
+    def make(name: str, body: str) -> str:
+        (workspace / "stacks" / f"{name}.yaml").write_text(f"extends: ci-mini\n{body}\n")
+        names.append(name)
+        return name
+
+    yield make
+    for name in names:
+        content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+        for ref in (local_ref(name, content_hash), moving_ref(name)):
+            with contextlib.suppress(Exception):
+                api.images.remove(ref, noprune=False)

@@ -1,0 +1,183 @@
+"""Real builds on the real engine: content tags, no-op rebuilds, layer reuse, interruption."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.images import local_ref, moving_ref
+from builder.render import render
+from builder.resolve import resolve
+
+pytestmark = pytest.mark.engine
+
+
+def test_build_tags_the_image_by_content_hash_with_labels(
+    ci_mini: dict[str, str], api: Any
+) -> None:
+    image = api.images.get(ci_mini["ref"])
+    labels = image.labels
+    assert labels["sm120-stacks.content-hash"] == ci_mini["hash"]
+    assert labels["sm120-stacks.stack"] == "ci-mini"
+    assert json.loads(labels["sm120-stacks.manifest"])["name"] == "ci-mini"
+    assert json.loads(labels["sm120-stacks.arch"])["FLASHINFER_CUDA_ARCH_LIST"] == "12.0f"
+    assert labels["org.opencontainers.image.created"] == "1970-01-01T00:00:00Z"
+    assert api.images.get(moving_ref("ci-mini")).id == image.id
+
+
+def test_unchanged_stack_is_not_rebuilt(
+    ci_mini: dict[str, str], cli_process: Callable[..., Any]
+) -> None:
+    result = cli_process("build", "ci-mini")
+    assert f"up to date: {ci_mini['ref']}" in result.stdout
+
+
+def test_runtime_only_change_reuses_every_package_layer(
+    ci_mini: dict[str, str],
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    api: Any,
+    workspace: Path,
+) -> None:
+    name = variant("ci-mini-env", "env: {SMOKE_ONLY_SETTING: changed}\nserve: {port: 8011}")
+    cli_process("build", name)
+    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+    assert content_hash != ci_mini["hash"]
+    changed = api.images.get(local_ref(name, content_hash))
+    original = api.images.get(ci_mini["ref"])
+    assert changed.id != original.id
+    # ENV/EXPOSE/CMD add no filesystem layers: every layer is the original's.
+    assert changed.attrs["RootFS"]["Layers"] == original.attrs["RootFS"]["Layers"]
+    log = (workspace / "build" / name / "logs").glob("*.log")
+    text = next(log).read_text()
+    assert "pip install" not in _executed_steps(text), "a package step ran again"
+
+
+def _executed_steps(log: str) -> str:
+    """Titles of steps that ran (not CACHED) in a BuildKit plain log."""
+    titles: dict[str, str] = {}
+    cached: set[str] = set()
+    for line in log.splitlines():
+        parts = line.split(" ", 1)
+        if len(parts) == 2 and parts[0].startswith("#"):
+            if parts[1].startswith("["):
+                titles[parts[0]] = parts[1]
+            elif parts[1].startswith("CACHED"):
+                cached.add(parts[0])
+    return "\n".join(t for k, t in titles.items() if k not in cached)
+
+
+def test_interrupted_build_leaves_no_tag_and_the_next_build_resumes(
+    ci_mini: dict[str, str],
+    variant: Callable[[str, str], str],
+    workspace: Path,
+    proxy_ca: tuple[Path, str],
+    api: Any,
+) -> None:
+    from docker.errors import ImageNotFound
+
+    name = variant("ci-mini-interrupted", "python: {packages: {six: 1.16.0}}")
+    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+    process = subprocess.Popen(
+        # --no-cache: the step to interrupt must really run, even if an earlier run cached it.
+        [
+            sys.executable,
+            "-m",
+            "builder",
+            "build",
+            name,
+            "--no-cache",
+            "--ca-bundle",
+            str(proxy_ca[0]),
+        ],
+        cwd=workspace,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if "[packages 3/3]" in line:  # the pip step of the changed pins is running
+            time.sleep(2)
+            process.send_signal(signal.SIGINT)
+            break
+    rest, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, "".join(seen) + rest
+    for ref in (local_ref(name, content_hash), moving_ref(name)):
+        with pytest.raises(ImageNotFound):
+            api.images.get(ref)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "builder", "build", name, "--ca-bundle", str(proxy_ca[0])],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "pip install --find-links /opt/sm120-stacks/wheels -c" not in _executed_steps(
+        resumed.stderr
+    ), "the heavy layer should come from the cache"
+    assert api.images.get(local_ref(name, content_hash))
+
+
+def test_secrets_are_in_no_layer_and_no_history(
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    proxy_ca: tuple[Path, str],
+    api: Any,
+    tmp_path: Path,
+) -> None:
+    token = "hf_" + "sm120secret" + str(time.time_ns())
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    name = variant("ci-mini-secrets", "python: {packages: {six: 1.17.0}}")
+    cli_process("build", name, "--no-cache", "--hf-token-file", str(token_file))
+    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+    image = api.images.get(local_ref(name, content_hash))
+    archive = tmp_path / "image.tar"
+    with archive.open("wb") as handle:
+        for chunk in image.save(named=False):
+            handle.write(chunk)
+    _assert_absent(archive, [proxy_ca[1], token])
+    history = json.dumps(image.history()) + json.dumps(image.attrs)
+    assert proxy_ca[1] not in history and token not in history
+    # The secrets were really in use: the pip step ran (it cannot reach PyPI through the proxy
+    # without the CA) in this build rather than coming from the cache.
+    log = next((workspace / "build" / name / "logs").glob("*.log")).read_text()
+    assert "pip install --find-links /opt/sm120-stacks/wheels -r" in _executed_steps(log)
+
+
+def _assert_absent(archive: Path, needles: list[str]) -> None:
+    import tarfile
+
+    with tarfile.open(archive) as outer:
+        for member in outer.getmembers():
+            if not member.isfile():
+                continue
+            data = outer.extractfile(member)
+            assert data is not None
+            content = data.read()
+            if member.name.endswith("layer.tar"):
+                import io
+
+                with tarfile.open(fileobj=io.BytesIO(content)) as layer:
+                    for entry in layer.getmembers():
+                        if entry.isfile():
+                            payload = layer.extractfile(entry)
+                            assert payload is not None
+                            body = payload.read()
+                            for needle in needles:
+                                assert needle.encode() not in body, f"{needle} in {entry.name}"
+            for needle in needles:
+                assert needle.encode() not in content, f"{needle} in {member.name}"

@@ -1,0 +1,60 @@
+"""Push, remove, pull-or-build against a real local registry; errors from the stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from builder.errors import StackError, ToolMissing
+from builder.images import content_tag, moving_ref
+from builder.registry import Registry, has_image, push, repo_digest
+
+pytestmark = pytest.mark.engine
+
+
+def test_push_refuses_untested_image_without_force(
+    ci_mini: dict[str, str], registry: Registry, cli_process: Callable[..., Any]
+) -> None:
+    result = cli_process("push", "ci-mini", "--registry", registry.host, check=False)
+    assert result.returncode == 2
+    assert "refusing to push an untested image" in result.stderr
+
+
+def test_push_remove_then_pull_or_build_pulls_without_building(
+    ci_mini: dict[str, str], registry: Registry, cli_process: Callable[..., Any], api: Any
+) -> None:
+    pushed = cli_process("push", "ci-mini", "--registry", registry.host, "--force")
+    digest_ref = pushed.stdout.strip()
+    assert digest_ref.startswith(f"{registry.repository}@sha256:")
+    assert has_image(api, registry, "ci-mini", ci_mini["hash"])
+    image_id = api.images.get(ci_mini["ref"]).id
+    for ref in [
+        ci_mini["ref"],
+        moving_ref("ci-mini"),
+        registry.ref(content_tag("ci-mini", ci_mini["hash"])),
+        registry.ref("ci-mini"),
+    ]:
+        api.images.remove(ref)
+    result = cli_process("build", "ci-mini", "--pull-or-build", "--registry", registry.host)
+    assert "pulled" in result.stdout and "building" not in result.stdout
+    pulled = api.images.get(ci_mini["ref"])
+    assert pulled.id == image_id
+    assert repo_digest(pulled, registry) == digest_ref
+
+
+def test_pull_of_an_unknown_content_hash_fails_clearly(registry: Registry, api: Any) -> None:
+    assert not has_image(api, registry, "ci-mini", "0" * 64)
+
+
+def test_unreachable_registry_is_a_clear_error(ci_mini: dict[str, str], api: Any) -> None:
+    nowhere = Registry.parse("127.0.0.1:5999")
+    with pytest.raises(ToolMissing, match="registry 127.0.0.1:5999 is unreachable"):
+        push(api, nowhere, ci_mini["ref"], "ci-mini", ci_mini["hash"])
+
+
+@pytest.mark.parametrize("bad", ["http://x", "host:port", "host/UPPER", "a/../b", "-x"])
+def test_registry_syntax_is_checked(bad: str) -> None:
+    with pytest.raises(StackError, match="HOST"):
+        Registry.parse(bad)
