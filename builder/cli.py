@@ -287,3 +287,19 @@ def schema() -> None:
 
 def main() -> None:
     cli(prog_name="sm120-stacks")
+
+
+# Commands of later pipeline steps live beside their step and register on `cli` when imported.
+# Each module is optional until it exists, so a step can be added without touching this file.
+def _register_step_commands() -> None:
+    import importlib
+
+    for module in ("builder.cli_validate", "builder.cli_hosts"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+_register_step_commands()
