@@ -22,6 +22,8 @@ from builder.check import check_stack, violation_error
 from builder.distribute import pull_stack, push_stack, registry_has_current
 from builder.engine import detect_build_client, engine_api
 from builder.errors import EXIT_BAD_INPUT, StackError
+from builder.images import HASH_CHARS
+from builder.records import load_record
 from builder.manifest import Manifest
 from builder.registry import Registry, RegistryError
 from builder.render import render, write_context
@@ -29,7 +31,7 @@ from builder.resolve import ResolvedStack, resolve, stack_names
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-out = Console(highlight=False, width=120)
+out = Console(highlight=False, width=160)
 
 
 def user_errors(func: F) -> F:
@@ -96,26 +98,45 @@ def cli(ctx: click.Context, stacks_dir: Path, build_dir: Path) -> None:
 @pass_settings
 @user_errors
 def list_stacks(settings: Settings) -> None:
-    """Stacks with their status, targets and serve backend."""
-    table = Table("stack", "status", "gpus", "cuda", "vllm", "moe backend", "check")
+    """Stacks with status, targets and whether their current content hash is built, tested
+    and pushed."""
+    table = Table(
+        "stack",
+        "status",
+        "gpus",
+        "cuda",
+        "vllm",
+        "moe backend",
+        "check",
+        "content",
+        "built",
+        "tested",
+        "pushed",
+    )
     for name in stack_names(settings.stacks_dir):
         try:
             stack = settings.resolve(name)
-            result = check_stack(stack)
-            m = stack.manifest
-            vllm = m.python.packages.get("vllm")
-            table.add_row(
-                name,
-                m.status,
-                " ".join(m.gpus),
-                m.cuda,
-                vllm.version if vllm else "-",
-                m.serve.moe_backend or "-",
-                "ok" if result.ok else f"rule: {result.violations[0].rule.id}",
-            )
-        except StackError as exc:
+        except StackError:
             table.add_row(name, "invalid", "", "", "", "", f"`check {name}` says why")
-            del exc
+            continue
+        result = check_stack(stack)
+        m = stack.manifest
+        vllm = m.python.packages.get("vllm")
+        content_hash = render(stack).content_hash()
+        record = load_record(settings.build_dir, name, content_hash)
+        table.add_row(
+            name,
+            m.status,
+            " ".join(m.gpus),
+            m.cuda,
+            vllm.version if vllm else "-",
+            m.serve.moe_backend or "-",
+            "ok" if result.ok else f"rule: {result.violations[0].rule.id}",
+            content_hash[:HASH_CHARS],
+            "yes" if record.image_id else "no",
+            record.tests or "no",
+            ", ".join(record.pushed) or "no",
+        )
     out.print(table)
 
 

@@ -234,6 +234,8 @@ class Floors(Strict):
 
 
 class Smoke(Strict):
+    #: vLLM stacks need an NVIDIA GPU; the CPU test stack's server does not.
+    needs_gpu: bool = True
     prompts: list[SmokePrompt] = Field(default_factory=list)
     concurrency: int = Field(default=4, ge=1, le=64)
     floors: Floors = Field(default_factory=Floors)

@@ -20,12 +20,13 @@ from typing import Any
 import jinja2
 
 from builder import REPO_ROOT
-from builder.resolve import ResolvedStack, canonical_json
+from builder.resolve import ResolvedStack, canonical_json, jit_module_table
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
 #: Where FlashInfer's JIT cache lives in every image (FLASHINFER_WORKSPACE_BASE): fixed, so
 #: neither $HOME nor `docker run --user` can move it.
 JIT_WORKSPACE = "/opt/flashinfer-cache"
+VENV = "/opt/venv"
 EXECUTABLE = 0o755
 REGULAR = 0o644
 
@@ -44,6 +45,7 @@ class TemplateContext:
     has_overrides: bool
     patches: list[dict[str, Any]]
     jit_modules: list[str]
+    aot_dir: str
     max_jobs_default: int
     jit_env: dict[str, str]
     env: dict[str, str]
@@ -133,6 +135,7 @@ def template_context(stack: ResolvedStack) -> TemplateContext:
         has_overrides=bool(m.python.overrides),
         patches=[{"file": Path(p.file).name, "strip": p.strip} for p in m.patches],
         jit_modules=list(stack.jit_modules),
+        aot_dir=f"{VENV}/lib/python{m.python.version}/site-packages/flashinfer/data/aot",
         max_jobs_default=max_jobs_default,
         jit_env=dict(sorted(jit_env.items())),
         env=dict(sorted(m.env.items())),
@@ -181,6 +184,10 @@ def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> Rendere
     for tool in sorted((templates_dir / "tools").iterdir()):
         mode = EXECUTABLE if os.access(tool, os.X_OK) else REGULAR
         files[f"tools/{tool.name}"] = (tool.read_bytes(), mode)
+    files["tools/jit-modules.json"] = (
+        (json.dumps(jit_module_table(stack.jit_modules), indent=2, sort_keys=True) + "\n").encode(),
+        REGULAR,
+    )
     for wheel in stack.manifest.python.wheels:
         files[f"wheels/{Path(wheel).name}"] = (stack.local_file(wheel).read_bytes(), REGULAR)
     if stack.manifest.patches:

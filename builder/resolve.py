@@ -68,9 +68,33 @@ class _PresetFile(BaseModel):
     presets: dict[str, _Preset]
 
 
+class JitModule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    generator: str
+    args: list[str] = Field(default_factory=list)
+    peak_gb: float
+    used_by: str
+
+
+class _ModuleFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    modules: dict[str, JitModule]
+
+
 @cache
 def jit_presets() -> dict[str, _Preset]:
     return parse_document(read_knowledge("jit_presets.yaml"), _PresetFile).presets
+
+
+@cache
+def jit_modules_known() -> dict[str, JitModule]:
+    return parse_document(read_knowledge("flashinfer_modules.yaml"), _ModuleFile).modules
+
+
+def jit_module_table(names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """What the in-image tool needs per module (generator and arguments)."""
+    known = jit_modules_known()
+    return {n: {"generator": known[n].generator, "args": known[n].args} for n in names}
 
 
 def stack_names(stacks_dir: Path) -> list[str]:
@@ -188,6 +212,17 @@ def _expand_modules(manifest: Manifest, doc: YamlDocument) -> tuple[str, ...]:
     for preset_name in manifest.jit_cache.presets:
         add_preset(preset_name, ())
     modules.extend(manifest.jit_cache.modules)
+    known = jit_modules_known()
+    for name in modules:
+        if name not in known:
+            raise StackError(
+                f"unknown FlashInfer JIT module {name!r}",
+                file=doc.path,
+                key="jit_cache",
+                line=doc.line_of(("jit_cache",)),
+                hint=f"known modules: {', '.join(sorted(known))} "
+                "(knowledge/flashinfer_modules.yaml)",
+            )
     return tuple(dict.fromkeys(modules))
 
 

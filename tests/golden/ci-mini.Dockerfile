@@ -18,7 +18,7 @@ COPY requirements/ /opt/sm120-stacks/requirements/
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=proxy-ca \
     --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
     --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
     /opt/sm120-stacks/tools/with-secrets.sh \
     pip install --find-links /opt/sm120-stacks/wheels -c /opt/sm120-stacks/requirements/constraints.txt -r /opt/sm120-stacks/requirements/heavy.txt
@@ -26,7 +26,7 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=proxy-ca \
     --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
     --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
     /opt/sm120-stacks/tools/with-secrets.sh \
     pip install --find-links /opt/sm120-stacks/wheels -r /opt/sm120-stacks/requirements/all.txt
@@ -51,6 +51,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=patched /opt/venv /opt/venv
 COPY --from=patched /opt/sm120-stacks /opt/sm120-stacks
 COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+COPY tools/ /opt/sm120-stacks/tools/
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     CMAKE_CUDA_ARCHITECTURES="120f" \
@@ -60,6 +61,6 @@ ENV VIRTUAL_ENV=/opt/venv \
     TORCH_CUDA_ARCH_LIST="12.0a" \
     MAX_JOBS=2
 ENV HF_HUB_OFFLINE="1" \
-    TOKENIZERS_PARALLELISM="false"
+    OMP_NUM_THREADS="2"
 EXPOSE 8000
 CMD ["transformers", "serve", "/models/tiny", "--host", "0.0.0.0", "--port", "8000"]

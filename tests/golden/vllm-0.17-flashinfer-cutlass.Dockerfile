@@ -22,21 +22,21 @@ COPY requirements/ /opt/sm120-stacks/requirements/
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=proxy-ca \
     --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
     /opt/sm120-stacks/tools/with-secrets.sh \
     pip install -c /opt/sm120-stacks/requirements/constraints.txt -r /opt/sm120-stacks/requirements/heavy.txt
 # hadolint ignore=DL3042,DL3059
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=proxy-ca \
     --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
     /opt/sm120-stacks/tools/with-secrets.sh \
     pip install -r /opt/sm120-stacks/requirements/all.txt
 # hadolint ignore=DL3042,DL3059
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=proxy-ca \
     --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
     /opt/sm120-stacks/tools/with-secrets.sh \
     pip install --no-deps -r /opt/sm120-stacks/requirements/overrides.txt
 
@@ -61,9 +61,10 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
     FLASHINFER_NVCC_THREADS="1" \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
     TORCH_CUDA_ARCH_LIST="12.0a"
-RUN --mount=type=bind,source=tools,target=/opt/sm120-stacks/tools \
-    python /opt/sm120-stacks/tools/precompile_flashinfer.py --max-jobs "${MAX_JOBS}" \
-    norm sampling rope activation page fused_moe_120 gemm_sm120 fp4_gemm_cutlass_sm120 fp4_quantization_120f
+RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
+    --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
+    python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
+    sampling fused_moe_120 gemm_sm120 fp4_gemm_cutlass_sm120 fp4_quantization_120f
 
 # --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS runtime
@@ -75,6 +76,9 @@ RUN apt-get update \
 COPY --from=patched /opt/venv /opt/venv
 COPY --from=patched /opt/sm120-stacks /opt/sm120-stacks
 COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+# The precompiled modules also in FlashInfer's AOT directory: loaded with no ninja run at all.
+COPY --from=jit-cache /opt/venv/lib/python3.12/site-packages/flashinfer/data/aot /opt/venv/lib/python3.12/site-packages/flashinfer/data/aot
+COPY tools/ /opt/sm120-stacks/tools/
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     CMAKE_CUDA_ARCHITECTURES="120f" \

@@ -1,0 +1,229 @@
+"""Image -> test report: static testinfra checks, the JIT-cache table, and the smoke prompt.
+
+The static checks run in a throwaway container of the image started with `sleep infinity` (the
+serve command would exit without a GPU and a model); testinfra reaches it with `docker exec`.
+The report is JSON under build/STACK/ plus a table a person reads at a glance; its verdict is
+recorded, so `push` can refuse untested images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.build import find_image
+from builder.errors import StackError
+from builder.expectations import expectations
+from builder.images import HASH_CHARS, local_ref
+from builder.records import load_record, save_record, write_atomic
+from builder.render import render
+from builder.resolve import ResolvedStack
+
+
+CHECKS_MODULE = Path(__file__).with_name("image_checks.py")
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    skipped: bool = False
+    detail: str = ""
+
+
+@dataclass
+class CacheRow:
+    module: str
+    archs: list[str]
+    bytes: int
+    status: str
+    detail: str = ""
+
+
+@dataclass
+class TestReport:
+    stack: str
+    content_hash: str
+    image: str
+    checks: list[CheckResult] = field(default_factory=list)
+    jit_cache: list[CacheRow] = field(default_factory=list)
+    smoke: dict[str, Any] | None = None
+    smoke_skipped: str | None = None
+    path: str = ""
+
+    @property
+    def passed(self) -> bool:
+        static_ok = all(c.passed or c.skipped for c in self.checks)
+        smoke_ok = self.smoke is None or bool(self.smoke.get("passed"))
+        return static_ok and smoke_ok
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["passed"] = self.passed
+        return data
+
+
+class _Collector:
+    """A pytest plugin that keeps each check's outcome and its short failure text."""
+
+    def __init__(self) -> None:
+        self.results: list[CheckResult] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        name = re.sub(r"-?docker://[0-9a-f]+-?", "", report.nodeid.split("::", 1)[-1])
+        name = name.removeprefix("test_").replace("[]", "")
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            detail = ""
+            if report.failed:
+                crash = getattr(report.longrepr, "reprcrash", None)
+                detail = str(crash.message) if crash else str(report.longrepr)[-500:]
+            elif report.skipped and isinstance(report.longrepr, tuple):
+                detail = str(report.longrepr[2])
+            self.results.append(CheckResult(name, report.passed, report.skipped, detail))
+
+
+def run_static_checks(
+    api: Any,
+    stack: ResolvedStack,
+    image_ref: str,
+    content_hash: str,
+    workdir: Path,
+    proxy_ca: Path | None = None,
+) -> list[CheckResult]:
+    expect_path = workdir / "expectations.json"
+    expect_path.write_text(json.dumps(expectations(stack, content_hash).to_json(), indent=2))
+    inspect_path = workdir / "inspect.json"
+    inspect_path.write_text(json.dumps(api.images.get(image_ref).attrs))
+    container = api.containers.run(
+        image_ref,
+        entrypoint=["sleep"],
+        command=["infinity"],
+        detach=True,
+        name=f"sm120-check-{stack.name}-{uuid.uuid4().hex[:8]}",
+        network_mode="none",
+    )
+    collector = _Collector()
+    env_before = dict(os.environ)
+    try:
+        os.environ["SM120_STACKS_EXPECT"] = str(expect_path)
+        os.environ["SM120_STACKS_INSPECT"] = str(inspect_path)
+        os.environ["SM120_STACKS_PROXY_CA_LINES"] = json.dumps(proxy_ca_lines(proxy_ca))
+        ini = workdir / "pytest.ini"
+        ini.write_text("[pytest]\n")
+        status = pytest.main(
+            [
+                str(CHECKS_MODULE),
+                f"--hosts=docker://{container.id}",
+                "-p",
+                "no:terminal",
+                "-p",
+                "no:cacheprovider",
+                "-c",
+                str(ini),
+                "--rootdir",
+                str(workdir),
+            ],
+            plugins=[collector],
+        )
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+        container.remove(force=True)
+    if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or not collector.results:
+        raise RuntimeError(f"the image checks did not run (pytest exit status {status})")
+    return collector.results
+
+
+def cache_table(api: Any, stack: ResolvedStack, image_ref: str) -> list[CacheRow]:
+    """The JIT-cache verification output of the image's own tool, run in its own environment."""
+    if not stack.jit_modules:
+        return []
+    tool = "/opt/sm120-stacks/tools/flashinfer_jit.py"
+    output = _run_capture(api, image_ref, ["python", tool, "verify", *stack.jit_modules])
+    rows = []
+    for line in output.splitlines():
+        if line.startswith("{"):
+            data = json.loads(line)
+            status = data["status"]
+            missing = set(stack.arch.cubin_archs) - set(data.get("archs", []))
+            if status == "hit" and missing:
+                status = "wrong-arch"
+            rows.append(
+                CacheRow(
+                    data["module"],
+                    data.get("archs", []),
+                    data.get("bytes", 0),
+                    status,
+                    data.get("detail", ""),
+                )
+            )
+    return rows
+
+
+def _run_capture(api: Any, image_ref: str, command: list[str]) -> str:
+    container = api.containers.run(image_ref, command=command, detach=True, network_mode="none")
+    try:
+        container.wait(timeout=600)
+        return str(container.logs(stdout=True, stderr=False).decode())
+    finally:
+        container.remove(force=True)
+
+
+def proxy_ca_lines(bundle: Path | None) -> list[str]:
+    """One distinctive base64 line of each certificate in a proxy CA bundle that the image's
+    distribution would not ship (so finding it in the image means the secret leaked)."""
+    if bundle is None or not bundle.is_file():
+        return []
+    lines = []
+    for block in bundle.read_text(errors="replace").split("-----BEGIN CERTIFICATE-----")[1:]:
+        body = [x for x in block.split("-----END CERTIFICATE-----")[0].split() if len(x) == 64]
+        if len(body) > 4:
+            lines.append(body[len(body) // 2])
+    return lines[-3:]
+
+
+def validate(
+    api: Any,
+    stack: ResolvedStack,
+    build_dir: Path,
+    proxy_ca: Path | None = None,
+    smoke: Any = None,
+) -> TestReport:
+    """Static checks and cache table now; `smoke` (a callable) adds the smoke prompt result."""
+    content_hash = render(stack).content_hash()
+    image_ref = local_ref(stack.name, content_hash)
+    if find_image(api, image_ref, content_hash) is None:
+        raise StackError(
+            f"no image of {stack.name} at its current content hash ({image_ref})",
+            hint=f"build it first: sm120-stacks build {stack.name} (or make stack STACK={stack.name})",
+        )
+    report = TestReport(stack.name, content_hash, image_ref)
+    stack_dir = build_dir / stack.name / "reports"
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sm120-checks-") as scratch:
+        report.checks = run_static_checks(
+            api, stack, image_ref, content_hash, Path(scratch), proxy_ca
+        )
+    report.jit_cache = cache_table(api, stack, image_ref)
+    if smoke is not None:
+        outcome = smoke(image_ref, stack_dir)
+        if isinstance(outcome, str):
+            report.smoke_skipped = outcome
+        else:
+            report.smoke = outcome
+    path = stack_dir / f"{stack.name}-{content_hash[:HASH_CHARS]}.json"
+    report.path = str(path)
+    write_atomic(path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    record = load_record(build_dir, stack.name, content_hash)
+    record.tests = "passed" if report.passed else "failed"
+    record.report = str(path)
+    save_record(build_dir, record)
+    return report
