@@ -8,25 +8,33 @@ CLI := $(BIN)/sm120-stacks
 STACK ?= ci-mini
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv stack build render check lint typecheck test test-fast golden base-local wheels-local bench clean
+.PHONY: help venv stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local bench clean
 
 help:
 	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml"
 	@echo "make test               lint, typecheck and the whole test suite"
 	@echo "make render|check STACK=NAME, make golden (regenerate golden Dockerfiles)"
-	@echo "make base-local         the Debian base image tests build on (no registry outside)"
+	@echo "make base-local         a Debian + Python base image made here (no registry needed)"
+	@echo "make base-cuda-local    a CUDA 13.0 devel base made here from NVIDIA's PyPI wheels"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	scripts/fetch-local-wheels.sh
+	$(BIN)/pip install --quiet --find-links build/wheels -e '.[dev]'
 	touch $@
 
 venv: $(VENV)/.installed
 
-stack: venv
+# The CPU test stack serves a tiny model made here; real stacks download theirs at serve time.
+SMOKE_MOUNTS ?= $(if $(filter ci-mini%,$(STACK)),--mount $(CURDIR)/build/tiny-model:/models/tiny)
+
+stack: venv $(if $(filter ci-mini%,$(STACK)),build/tiny-model base-cuda-local)
 	$(CLI) build $(STACK)
-	$(CLI) test $(STACK)
+	$(CLI) test $(STACK) $(SMOKE_MOUNTS)
+
+build/tiny-model: | venv
+	$(BIN)/python -m tests.support.tinymodel $@
 
 build: venv
 	$(CLI) build $(STACK)
@@ -55,6 +63,9 @@ golden: venv
 
 base-local:
 	scripts/make-base-local.sh
+
+base-cuda-local:
+	scripts/make-base-cuda-local.sh
 
 wheels-local:
 	scripts/fetch-local-wheels.sh

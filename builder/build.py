@@ -14,12 +14,13 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from builder.engine import BuildClient
 from builder.images import content_tag, image_labels, local_ref, moving_ref
+from builder.jobs import auto_max_jobs
 from builder.progress import Progress
 from builder.records import load_record, save_record
 from builder.render import RenderedContext, render, write_context
@@ -88,6 +89,8 @@ def build_stack(
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{content_tag(stack.name, content_hash)}.log"
     command_path = logs / f"{content_tag(stack.name, content_hash)}.command.sh"
+    if options.max_jobs is None and stack.manifest.build.max_jobs == "auto":
+        options = replace(options, max_jobs=auto_max_jobs(stack))
     with tempfile.TemporaryDirectory(prefix="sm120-build-") as scratch:
         iidfile = Path(scratch) / "iid"
         argv = build_argv(stack, rendered, context, client, options, iidfile)

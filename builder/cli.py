@@ -23,11 +23,13 @@ from builder.distribute import pull_stack, push_stack, registry_has_current
 from builder.engine import detect_build_client, engine_api
 from builder.errors import EXIT_BAD_INPUT, StackError
 from builder.images import HASH_CHARS
-from builder.records import load_record
 from builder.manifest import Manifest
+from builder.records import load_record
 from builder.registry import Registry, RegistryError
 from builder.render import render, write_context
 from builder.resolve import ResolvedStack, resolve, stack_names
+from builder.substitute import ENV_VAR as SUBSTITUTE_ENV
+from builder.substitute import Substitutions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,12 +55,13 @@ def user_errors(func: F) -> F:
 
 
 class Settings:
-    def __init__(self, stacks_dir: Path, build_dir: Path) -> None:
+    def __init__(self, stacks_dir: Path, build_dir: Path, substitutions: Substitutions) -> None:
         self.stacks_dir = stacks_dir
         self.build_dir = build_dir
+        self.substitutions = substitutions
 
     def resolve(self, name: str) -> ResolvedStack:
-        return resolve(name, self.stacks_dir)
+        return resolve(name, self.stacks_dir, self.substitutions)
 
     def checked(self, name: str) -> ResolvedStack:
         """A resolved stack that passed every compatibility rule."""
@@ -87,11 +90,25 @@ pass_settings = click.make_pass_decorator(Settings)
     show_default=True,
     help="Where build contexts, logs and reports go.",
 )
+@click.option(
+    "--substitute-base",
+    "substitute",
+    multiple=True,
+    metavar="FROM=TO",
+    envvar=SUBSTITUTE_ENV,
+    help="Build FROM a mirror or local image instead (every stack; env "
+    f"{SUBSTITUTE_ENV}, comma-separated).",
+)
 @click.version_option(package_name="sm120-stacks")
 @click.pass_context
-def cli(ctx: click.Context, stacks_dir: Path, build_dir: Path) -> None:
+def cli(ctx: click.Context, stacks_dir: Path, build_dir: Path, substitute: tuple[str, ...]) -> None:
     """Build, test and pin vLLM + FlashInfer images for NVIDIA sm120/sm121 GPUs."""
-    ctx.obj = Settings(stacks_dir, build_dir)
+    try:
+        substitutions = Substitutions.parse(substitute)
+    except StackError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    ctx.obj = Settings(stacks_dir, build_dir, substitutions)
 
 
 @cli.command("list")

@@ -10,9 +10,11 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from builder import smoke
 from builder.cli import Settings, cli, out, pass_settings, user_errors
 from builder.engine import engine_api
 from builder.errors import StackError
+from builder.resolve import ResolvedStack
 from builder.validate import TestReport, validate
 
 
@@ -92,20 +94,15 @@ def _parse_mounts(mounts: tuple[str, ...]) -> dict[str, str]:
     return parsed
 
 
-def _smoke_runner(api: Any, stack: Any, mounts: dict[str, str], require_gpu: bool) -> Any:
+def _smoke_runner(api: Any, stack: ResolvedStack, mounts: dict[str, str], require_gpu: bool) -> Any:
     """A callable for validate(): runs the smoke prompt, or says why it was skipped."""
-    try:
-        from builder import smoke
-    except ImportError:
-        return None
 
     def run(image_ref: str, report_dir: Path) -> dict[str, Any] | str:
         needs_gpu = stack.manifest.smoke.needs_gpu
-        if needs_gpu and not smoke.gpu_available(api):
-            reason = "no NVIDIA GPU and container runtime on this host"
-            if require_gpu:
-                raise StackError(f"GPU smoke required but {reason}", key="--require-gpu")
-            return reason
+        if needs_gpu:
+            skip = smoke.gpu_gate(api, require_gpu=require_gpu)
+            if skip is not None:
+                return skip
         if not stack.manifest.smoke.prompts:
             return "the manifest lists no smoke prompts"
         result = smoke.run_smoke(
@@ -115,7 +112,9 @@ def _smoke_runner(api: Any, stack: Any, mounts: dict[str, str], require_gpu: boo
             mounts=mounts,
             gpu=needs_gpu,
             report_path=report_dir / f"{stack.name}-smoke.json",
+            log=lambda line: click.echo(line, err=True),
         )
+        out.print(smoke.format_table(result))
         return dict(result.to_json())
 
     return run

@@ -20,6 +20,7 @@ from typing import Any
 import jinja2
 
 from builder import REPO_ROOT
+from builder.lock import Lock, base_reference, current_lock, lock_requirements
 from builder.resolve import ResolvedStack, canonical_json, jit_module_table
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
@@ -51,6 +52,10 @@ class TemplateContext:
     env: dict[str, str]
     port: int
     serve_argv: list[str]
+    #: stacks/NAME.lock exists: install requirements/lock*.txt with --require-hashes --no-deps.
+    locked: bool = False
+    #: The lock's heavy part is not empty (its own, earlier layer).
+    locked_heavy: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ def serve_argv(stack: ResolvedStack) -> list[str]:
     return argv + list(serve.extra_args)
 
 
-def template_context(stack: ResolvedStack) -> TemplateContext:
+def template_context(stack: ResolvedStack, lock: Lock | None = None) -> TemplateContext:
     m = stack.manifest
     build = m.build
     apt = list(build.apt_packages)
@@ -124,8 +129,8 @@ def template_context(stack: ResolvedStack) -> TemplateContext:
     }
     return TemplateContext(
         stack=stack.name,
-        build_base=m.bases.build.reference,
-        runtime_base=m.bases.runtime.reference,
+        build_base=base_reference(stack, lock, "build"),
+        runtime_base=base_reference(stack, lock, "runtime"),
         python_version=m.python.version,
         build_apt_packages=apt,
         runtime_apt_packages=list(build.runtime_apt_packages),
@@ -141,6 +146,8 @@ def template_context(stack: ResolvedStack) -> TemplateContext:
         env=dict(sorted(m.env.items())),
         port=m.serve.port,
         serve_argv=serve_argv(stack),
+        locked=lock is not None,
+        locked_heavy=bool(lock and lock.python.heavy),
     )
 
 
@@ -163,7 +170,8 @@ def requirements(
 
 
 def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> RenderedContext:
-    ctx = template_context(stack)
+    lock = current_lock(stack)
+    ctx = template_context(stack, lock)
     env = _jinja_env(templates_dir)
     dockerfile = env.get_template("Dockerfile.j2").render(ctx=ctx)
     files: dict[str, tuple[bytes, int]] = {
@@ -181,6 +189,13 @@ def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> Rendere
             requirements(stack, overrides=True).encode(),
             REGULAR,
         )
+    if lock is not None:
+        if ctx.locked_heavy:
+            files["requirements/lock-heavy.txt"] = (
+                lock_requirements(lock, "heavy").encode(),
+                REGULAR,
+            )
+        files["requirements/lock.txt"] = (lock_requirements(lock, "packages").encode(), REGULAR)
     for tool in sorted((templates_dir / "tools").iterdir()):
         mode = EXECUTABLE if os.access(tool, os.X_OK) else REGULAR
         files[f"tools/{tool.name}"] = (tool.read_bytes(), mode)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from builder.archflags import ArchFlags, arch_table, derive
 from builder.errors import StackError
 from builder.knowledge import parse_document, read_knowledge, validation_error
 from builder.manifest import Manifest
+from builder.substitute import Substitutions
 from builder.yamlsafe import YamlDocument, load_yaml
 
 STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -37,6 +38,8 @@ class ResolvedStack:
     #: Manifest files, the stack's own first, then each parent.
     sources: tuple[Path, ...]
     repo_root: Path
+    #: Base references replaced by site substitution: original -> substitute.
+    base_substitutions: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The resolved manifest with derived values: what `show` prints and images carry."""
@@ -48,6 +51,7 @@ class ResolvedStack:
             "cubin_archs": list(self.arch.cubin_archs),
             "min_driver": self.arch.min_driver,
             "jit_modules": list(self.jit_modules),
+            "base_substitutions": self.base_substitutions,
         }
         return data
 
@@ -106,7 +110,9 @@ def stack_names(stacks_dir: Path) -> list[str]:
     return sorted(p.stem for p in stacks_dir.glob("*.yaml"))
 
 
-def resolve(name: str, stacks_dir: Path) -> ResolvedStack:
+def resolve(
+    name: str, stacks_dir: Path, substitutions: Substitutions | None = None
+) -> ResolvedStack:
     docs = _load_chain(name, stacks_dir)
     merged: dict[str, Any] = {}
     for doc in reversed(docs):
@@ -117,9 +123,11 @@ def resolve(name: str, stacks_dir: Path) -> ResolvedStack:
     except ValidationError as exc:
         raise validation_error(exc, docs) from None
     repo_root = stacks_dir.resolve().parent
+    manifest, substituted = _substitute_bases(manifest, substitutions or Substitutions())
     stack = ResolvedStack(
         name=name,
         manifest=manifest,
+        base_substitutions=substituted,
         arch=derive(list(manifest.gpus), manifest.cuda),
         jit_modules=_expand_modules(manifest, docs[0]),
         sources=tuple(d.path for d in docs),
@@ -129,6 +137,26 @@ def resolve(name: str, stacks_dir: Path) -> ResolvedStack:
     _check_patches(stack, docs)
     _check_wheels(stack, docs)
     return stack
+
+
+def _substitute_bases(
+    manifest: Manifest, substitutions: Substitutions
+) -> tuple[Manifest, dict[str, str]]:
+    replaced: dict[str, str] = {}
+    bases = {}
+    for role in ("build", "runtime"):
+        base = getattr(manifest.bases, role)
+        new = substitutions.apply(base.image)
+        if new is None:
+            bases[role] = base
+            continue
+        image, _, digest = new.partition("@")
+        replaced[base.reference] = new
+        bases[role] = base.model_copy(update={"image": image, "digest": digest or None})
+    if not replaced:
+        return manifest, {}
+    new_bases = manifest.bases.model_copy(update=bases)
+    return manifest.model_copy(update={"bases": new_bases}), replaced
 
 
 def _load_chain(name: str, stacks_dir: Path) -> list[YamlDocument]:

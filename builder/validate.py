@@ -27,7 +27,6 @@ from builder.records import load_record, save_record, write_atomic
 from builder.render import render
 from builder.resolve import ResolvedStack
 
-
 CHECKS_MODULE = Path(__file__).with_name("image_checks.py")
 
 
@@ -203,7 +202,7 @@ def validate(
     if find_image(api, image_ref, content_hash) is None:
         raise StackError(
             f"no image of {stack.name} at its current content hash ({image_ref})",
-            hint=f"build it first: sm120-stacks build {stack.name} (or make stack STACK={stack.name})",
+            hint=f"build it first: sm120-stacks build {stack.name} (make stack STACK={stack.name})",
         )
     report = TestReport(stack.name, content_hash, image_ref)
     stack_dir = build_dir / stack.name / "reports"

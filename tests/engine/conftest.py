@@ -21,7 +21,7 @@ from builder.render import render
 from builder.resolve import resolve
 from tests.conftest import REQUIRE_ENGINE
 
-BASE_IMAGE = "local/debian-python:bookworm"
+BASE_IMAGE = "local/cuda:13.0.2-devel-bookworm"
 DEFAULT_REGISTRY = "127.0.0.1:5000"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -41,7 +41,7 @@ def base_image(api: Any) -> str:
     try:
         api.images.get(BASE_IMAGE)
     except ImageNotFound:
-        subprocess.run([str(REPO_ROOT / "scripts" / "make-base-local.sh")], check=True)
+        subprocess.run([str(REPO_ROOT / "scripts" / "make-base-cuda-local.sh")], check=True)
     subprocess.run(
         [str(REPO_ROOT / "scripts" / "fetch-local-wheels.sh")],
         check=True,

@@ -1,7 +1,7 @@
 # Rendered by sm120-stacks from stacks/ci-mini.yaml; edit the manifest, not this file.
 
 # --- toolchain: build base, system packages, Python 3.11 virtual environment ---
-FROM local/debian-python:bookworm AS toolchain
+FROM local/cuda:13.0.2-devel-bookworm AS toolchain
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN python3.11 -m venv /opt/venv
 ENV VIRTUAL_ENV=/opt/venv \
@@ -39,22 +39,29 @@ FROM patched AS jit-cache
 # Compile jobs: the manifest's max_jobs, or what the build machine's memory allows ("auto").
 ARG MAX_JOBS=2
 ENV CMAKE_CUDA_ARCHITECTURES="120f" \
+    CUDA_HOME="/usr/local/cuda" \
     FLASHINFER_CUDA_ARCH_LIST="12.0f" \
     FLASHINFER_NVCC_THREADS="1" \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
     TORCH_CUDA_ARCH_LIST="12.0a"
-RUN mkdir -p /opt/flashinfer-cache
+RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
+    --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
+    python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
+    norm
 
 # --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
-FROM local/debian-python:bookworm AS runtime
+FROM local/cuda:13.0.2-devel-bookworm AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=patched /opt/venv /opt/venv
 COPY --from=patched /opt/sm120-stacks /opt/sm120-stacks
 COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+# The precompiled modules also in FlashInfer's AOT directory: loaded with no ninja run at all.
+COPY --from=jit-cache /opt/venv/lib/python3.11/site-packages/flashinfer/data/aot /opt/venv/lib/python3.11/site-packages/flashinfer/data/aot
 COPY tools/ /opt/sm120-stacks/tools/
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     CMAKE_CUDA_ARCHITECTURES="120f" \
+    CUDA_HOME="/usr/local/cuda" \
     FLASHINFER_CUDA_ARCH_LIST="12.0f" \
     FLASHINFER_NVCC_THREADS="1" \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \

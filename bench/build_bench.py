@@ -1,0 +1,168 @@
+"""Benchmark: sm120-stacks builds against a plain BuildKit build of the same rendered Dockerfile.
+
+Runs in one process, pairing A (the tool) with B (the yardstick) turn by turn, and prints the
+median of each and the median of the per-pair ratios A/B, as a Markdown table:
+
+  noop     `sm120-stacks build STACK` with nothing changed  vs  `docker build` of the same context
+  serve    the same after a serve-argument change            vs  `docker build` of the new context
+  cold     `sm120-stacks build --no-cache`                   vs  `docker build --no-cache`
+  pull     remove the image, `sm120-stacks pull`             vs  remove it, `build --no-cache`
+
+Usage: python bench/build_bench.py [--stack ci-mini] [--registry 127.0.0.1:5000] [--pairs 3]
+        [--cold-pairs 1] [--ca-bundle /etc/ssl/certs/ca-certificates.crt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from builder import REPO_ROOT
+from builder.engine import detect_build_client
+from builder.images import local_ref
+from builder.render import render
+from builder.resolve import resolve
+
+CLI = [sys.executable, "-m", "builder"]
+
+
+def sh(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        argv,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - started
+
+
+def paired(
+    a: Callable[[], float],
+    b: Callable[[], float],
+    pairs: int,
+    before: Callable[[], None] = lambda: None,
+) -> tuple[float, float, float]:
+    times_a, times_b, ratios = [], [], []
+    for _ in range(pairs):
+        before()
+        ta = a()
+        before()
+        tb = b()
+        times_a.append(ta)
+        times_b.append(tb)
+        ratios.append(ta / tb)
+    return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stack", default="ci-mini")
+    parser.add_argument("--registry", default="127.0.0.1:5000")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--cold-pairs", type=int, default=1)
+    parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sm120-build-bench-"))
+    shutil.copytree(REPO_ROOT / "stacks", work / "stacks")
+    (work / "patches").symlink_to(REPO_ROOT / "patches")
+    (work / "build").mkdir()
+    (work / "build" / "wheels").symlink_to(REPO_ROOT / "build" / "wheels")
+    env = {"SM120_STACKS_CA_BUNDLE": args.ca_bundle}
+    client = detect_build_client()
+    stack_file = work / "stacks" / f"{args.stack}.yaml"
+    original = stack_file.read_text()
+
+    def tool(*extra: str) -> Callable[[], float]:
+        return lambda: sh([*CLI, *extra], work, env)
+
+    def plain(*extra: str) -> Callable[[], float]:
+        def run() -> float:
+            ctx = work / "build" / args.stack / "context"
+            argv = [
+                *client.argv,
+                "--network",
+                "host",
+                "--target",
+                "runtime",
+                "--secret",
+                f"id=proxy-ca,src={args.ca_bundle}",
+                *extra,
+                str(ctx),
+            ]
+            return sh(argv, work, client.env)
+
+        return run
+
+    def set_port(port: int) -> None:
+        assert "  port: 8000" in original, "the stack must spell its serve port"
+        stack_file.write_text(original.replace("  port: 8000", f"  port: {port}"))
+        sh([*CLI, "render", args.stack], work)
+
+    rows = []
+    sh([*CLI, "build", args.stack], work, env)
+    sh([*CLI, "render", args.stack], work)
+    rows.append(("no-op build", *paired(tool("build", args.stack), plain(), args.pairs)))
+    ports = iter(range(9100, 9200))
+    rows.append(
+        (
+            "rebuild after a serve-argument change",
+            *paired(
+                tool("build", args.stack), plain(), args.pairs, before=lambda: set_port(next(ports))
+            ),
+        )
+    )
+    stack_file.write_text(original)
+    sh([*CLI, "render", args.stack], work)
+    rows.append(
+        (
+            "cold build (--no-cache)",
+            *paired(tool("build", args.stack, "--no-cache"), plain("--no-cache"), args.cold_pairs),
+        )
+    )
+    sh([*CLI, "push", args.stack, "--registry", args.registry, "--force"], work, env)
+    content_hash = render(resolve(args.stack, work / "stacks")).content_hash()
+
+    def remove_image() -> None:
+        subprocess.run(
+            [
+                "docker",
+                "rmi",
+                "-f",
+                local_ref(args.stack, content_hash),
+                f"sm120-stacks:{args.stack}",
+                f"{args.registry}/sm120-stacks:{args.stack}-{content_hash[:16]}",
+            ],
+            capture_output=True,
+        )
+
+    rows.append(
+        (
+            "image onto an engine without it: pull vs build --no-cache",
+            *paired(
+                tool("pull", args.stack, "--registry", args.registry),
+                tool("build", args.stack, "--no-cache"),
+                args.cold_pairs,
+                before=remove_image,
+            ),
+        )
+    )
+    print(f"\n{args.stack}, medians over pairs run A B A B in one session\n")
+    print("| measurement | A: sm120-stacks (s) | B (s) | A/B |\n|---|---|---|---|")
+    for name, a, b, ratio in rows:
+        print(f"| {name} | {a:.2f} | {b:.2f} | {ratio:.2f} |")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Build a local CUDA 13.0.2 devel base image without any image registry: Debian 12 (the image of
+# scripts/make-base-local.sh) + NVIDIA's CUDA 13.0.2 component wheels from PyPI, laid out as
+# /usr/local/cuda-13.0 (bases/cuda-13.0-devel/Dockerfile). It stands in for
+# nvidia/cuda:13.0.2-devel-ubuntu24.04 where that cannot be pulled.
+# Idempotent: does nothing when the image already exists, unless FORCE=1.
+#
+#   scripts/make-base-cuda-local.sh               # -> local/cuda:13.0.2-devel-bookworm
+#   FORCE=1 scripts/make-base-cuda-local.sh       # rebuild (BuildKit's layer cache still applies)
+#   FORCE=1 NO_CACHE=1 scripts/make-base-cuda-local.sh   # rebuild every layer
+#
+# Environment: CUDA_IMAGE (the image to make), BASE_IMAGE (the Debian + Python image it starts from;
+# made by scripts/make-base-local.sh when missing), CA_BUNDLE (CA file passed as the `proxy-ca`
+# BuildKit secret for pip; default /etc/ssl/certs/ca-certificates.crt when it exists), DOCKER (client
+# binary), FORCE, NO_CACHE.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+IMAGE="${CUDA_IMAGE:-local/cuda:13.0.2-devel-bookworm}"
+BASE="${BASE_IMAGE:-local/debian-python:bookworm}"
+CONTEXT="$root/bases/cuda-13.0-devel"
+DOCKER="${DOCKER:-docker}"
+
+if [[ "${FORCE:-0}" != 1 ]] && "$DOCKER" image inspect "$IMAGE" >/dev/null 2>&1; then
+  echo "make-base-cuda-local: $IMAGE already exists (FORCE=1 to rebuild)"
+  exit 0
+fi
+[[ -f "$CONTEXT/Dockerfile" ]] || { echo "make-base-cuda-local: $CONTEXT/Dockerfile is missing" >&2; exit 1; }
+
+# A BuildKit-capable client: buildx when the client has it, else a client that still builds with
+# DOCKER_BUILDKIT=1 (Debian 12's docker.io 20.10 is /usr/bin/docker; the 28.x client refuses without
+# buildx). Never export DOCKER_BUILDKIT globally: it breaks the 28.x client on PATH.
+if "$DOCKER" buildx version >/dev/null 2>&1; then
+  build=("$DOCKER" buildx build --load)
+elif [[ -x /usr/bin/docker ]]; then
+  build=(env DOCKER_BUILDKIT=1 /usr/bin/docker build)
+else
+  build=(env DOCKER_BUILDKIT=1 "$DOCKER" build)
+fi
+
+if ! "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
+  echo "make-base-cuda-local: $BASE is missing; making it with scripts/make-base-local.sh"
+  BASE_IMAGE="$BASE" DOCKER="$DOCKER" FORCE=0 "$here/make-base-local.sh"
+fi
+
+args=(--network host --progress=plain --build-arg "BASE_IMAGE=$BASE" -t "$IMAGE" -f "$CONTEXT/Dockerfile")
+if [[ -n "${CA_BUNDLE:-}" ]]; then
+  [[ -s "$CA_BUNDLE" ]] || { echo "make-base-cuda-local: CA_BUNDLE=$CA_BUNDLE is not a readable file" >&2; exit 1; }
+  args+=(--secret "id=proxy-ca,src=$CA_BUNDLE")
+elif [[ -s /etc/ssl/certs/ca-certificates.crt ]]; then
+  args+=(--secret "id=proxy-ca,src=/etc/ssl/certs/ca-certificates.crt")
+fi
+if [[ "${NO_CACHE:-0}" == 1 ]]; then args+=(--no-cache); fi
+
+start=$SECONDS
+echo "make-base-cuda-local: ${build[*]} ${args[*]} $CONTEXT"
+"${build[@]}" "${args[@]}" "$CONTEXT"
+elapsed=$((SECONDS - start))
+
+# Smoke check outside the build: the toolkit answers from a fresh container, offline.
+"$DOCKER" run --rm --network none "$IMAGE" nvcc --version | grep 'release 13.0, V13.0.88'
+echo "make-base-cuda-local: built $IMAGE in ${elapsed} s," \
+  "$("$DOCKER" image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"

@@ -1,0 +1,238 @@
+"""The smoke harness, for real: ci-mini's image serves tiny models made here; no mocked HTTP.
+
+One trained model must pass. The same harness must fail, for the right reason (the failed
+check's name), on the same model with random weights (garbage, the seeds' symptom), on a model
+that answers fluently but wrong, on a server that dies at startup, and on a server log that
+shows a kernel compile. Models are made once per session, in seconds, on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.engine import engine_api
+from builder.errors import ToolMissing
+from builder.garbage import answer_matches
+from builder.resolve import ResolvedStack, resolve
+from builder.smoke import (
+    CHECK_ANSWER,
+    CHECK_GARBAGE,
+    CHECK_JIT,
+    CHECK_READY,
+    CHECK_REQUEST,
+    CHECK_START,
+    CHECK_UP,
+    SmokeReport,
+    gpu_available,
+    gpu_gate,
+    run_smoke,
+    server_log_path,
+)
+from tests.support.tinymodel import make_tiny_model
+
+pytestmark = pytest.mark.engine
+
+RIGHT = "The capital of Kentucky is Frankfort."
+WRONG = "The capital of Kentucky is Louisville."
+MODEL_PATH = "/models/tiny"
+#: Short enough that a dead server mistaken for a slow one would show in the test's duration.
+HEALTH_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="session")
+def smoke_stack(workspace: Path, ci_mini: dict[str, str]) -> ResolvedStack:
+    """ci-mini as its manifest says, with a shorter health timeout."""
+    stack = resolve("ci-mini", workspace / "stacks")
+    smoke = stack.manifest.smoke.model_copy(update={"health_timeout_s": HEALTH_TIMEOUT_S})
+    return dataclasses.replace(stack, manifest=stack.manifest.model_copy(update={"smoke": smoke}))
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory, smoke_stack: ResolvedStack) -> dict[str, Path]:
+    """Model directories: trained on the manifest's questions, random, wrong, and empty."""
+    prompts = smoke_stack.manifest.smoke.prompts
+    assert prompts and all(answer_matches(RIGHT, p.expect) for p in prompts)
+    assert not any(answer_matches(WRONG, p.expect) for p in prompts)
+    root = tmp_path_factory.mktemp("models")
+    right = [(p.prompt, RIGHT) for p in prompts]
+    empty = root / "empty"
+    empty.mkdir(mode=0o755)
+    return {
+        "trained": make_tiny_model(root / "trained", right),
+        "random": make_tiny_model(root / "random", right, trained=False),
+        "wrong": make_tiny_model(root / "wrong", [(p.prompt, WRONG) for p in prompts]),
+        "empty": empty,
+    }
+
+
+def smoke(
+    api: Any,
+    ci_mini: dict[str, str],
+    stack: ResolvedStack,
+    model: Path,
+    report_dir: Path,
+    extra_mounts: dict[str, str] | None = None,
+) -> SmokeReport:
+    mounts = {str(model): MODEL_PATH, **(extra_mounts or {})}
+    return run_smoke(
+        api,
+        ci_mini["ref"],
+        stack,
+        mounts=mounts,
+        gpu=False,
+        report_path=report_dir / "smoke.json",
+        log=lambda line: None,
+    )
+
+
+def failed_names(report: SmokeReport) -> set[str]:
+    return {check.name for check in report.failed()}
+
+
+def test_passes_on_the_trained_model(
+    api: Any,
+    ci_mini: dict[str, str],
+    smoke_stack: ResolvedStack,
+    models: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    report = smoke(api, ci_mini, smoke_stack, models["trained"], tmp_path)
+    assert report.passed, report.failed()
+    assert report.mode == "streaming"
+    judged = [c for c in report.completions if c.phase in ("cold", "warm", "batch")]
+    assert len(judged) == 2 * len(smoke_stack.manifest.smoke.prompts) + 2
+    assert all(c.text == RIGHT and c.finish_reason == "stop" for c in judged)
+    assert report.ttft_s and report.single_stream_tok_s and report.batched_tok_s
+    saved = json.loads((tmp_path / "smoke.json").read_text())
+    assert saved["passed"] is True and saved["ttft_s"] == report.ttft_s
+    assert "Uvicorn running" in server_log_path(tmp_path / "smoke.json").read_text()
+    assert not api.containers.list(all=True, filters={"label": "sm120-stacks.smoke"})
+
+
+def test_random_weights_fail_as_garbage(
+    api: Any,
+    ci_mini: dict[str, str],
+    smoke_stack: ResolvedStack,
+    models: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    report = smoke(api, ci_mini, smoke_stack, models["random"], tmp_path)
+    assert failed_names(report) == {CHECK_GARBAGE, CHECK_ANSWER}
+    garbage = next(c for c in report.failed() if c.name == CHECK_GARBAGE)
+    assert "U+FFFD" in garbage.detail
+
+
+def test_a_fluent_wrong_answer_fails_as_wrong(
+    api: Any,
+    ci_mini: dict[str, str],
+    smoke_stack: ResolvedStack,
+    models: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    report = smoke(api, ci_mini, smoke_stack, models["wrong"], tmp_path)
+    assert failed_names(report) == {CHECK_ANSWER}
+    assert "Louisville" in report.failed()[0].detail
+
+
+def test_a_server_that_dies_is_reported_dead_not_slow(
+    api: Any,
+    ci_mini: dict[str, str],
+    smoke_stack: ResolvedStack,
+    models: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    report = smoke(api, ci_mini, smoke_stack, models["empty"], tmp_path)
+    assert failed_names(report) == {CHECK_UP}
+    assert CHECK_READY not in {c.name for c in report.checks}
+    died = report.failed()[0].detail
+    assert died.startswith("server died during startup: exit code 1")
+    assert report.exit_code == 1 and not report.completions
+    assert report.duration_s < HEALTH_TIMEOUT_S
+    assert server_log_path(tmp_path / "smoke.json").read_text().strip()
+
+
+def test_a_server_killed_while_serving_is_reported_dead(
+    ci_mini: dict[str, str],
+    smoke_stack: ResolvedStack,
+    models: dict[str, Path],
+    tmp_path: Path,
+    api: Any,
+) -> None:
+    """As a CUDA fault kills a real server: SIGKILL once the first chat request is logged."""
+    killer = threading.Thread(target=kill_when_serving, daemon=True)
+    killer.start()
+    report = smoke(api, ci_mini, smoke_stack, models["trained"], tmp_path)
+    killer.join(timeout=5)
+    assert CHECK_UP in failed_names(report) <= {CHECK_UP, CHECK_REQUEST}
+    died = next(c for c in report.failed() if c.name == CHECK_UP).detail
+    assert died.startswith("server died while serving: exit code 137")
+    assert report.ttft_s is None and report.single_stream_tok_s is None
+
+
+def kill_when_serving() -> None:
+    """Its own engine client: the harness's client is busy in another thread."""
+    own = engine_api()
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for container in own.containers.list(filters={"label": "sm120-stacks.smoke"}):
+            if b"POST /v1/chat/completions" in container.logs():
+                container.kill()
+                return
+        time.sleep(0.2)
+
+
+def test_a_kernel_compile_in_the_server_log_fails(
+    api: Any,
+    ci_mini: dict[str, str],
+    smoke_stack: ResolvedStack,
+    models: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """A .pth file makes the server's Python print a ninja/nvcc line, as a FlashInfer JIT would."""
+    env = dict(e.split("=", 1) for e in api.images.get(ci_mini["ref"]).attrs["Config"]["Env"])
+    python = smoke_stack.manifest.python.version
+    site = f"{env['VIRTUAL_ENV']}/lib/python{python}/site-packages/zz_fake_jit.pth"
+    line = "[1/3] /usr/local/cuda/bin/nvcc -gencode=arch=compute_120f,code=sm_120f -c norm.cu"
+    pth = tmp_path / "fake_jit.pth"
+    pth.write_text(f"import sys; sys.stderr.write({line!r} + chr(10))\n")
+    pth.chmod(0o644)
+    report_dir = tmp_path / "report"
+    report = smoke(api, ci_mini, smoke_stack, models["trained"], report_dir, {str(pth): site})
+    assert failed_names(report) == {CHECK_JIT}
+    assert "norm.cu" in report.failed()[0].detail
+
+
+def test_gpu_smoke_is_skipped_here_unless_required(api: Any) -> None:
+    if gpu_available(api):
+        pytest.skip("this host has a GPU and a GPU-capable engine")
+    message = gpu_gate(api, require_gpu=False)
+    assert message is not None and message.startswith("GPU smoke skipped: no NVIDIA GPU")
+    with pytest.raises(ToolMissing, match="required"):
+        gpu_gate(api, require_gpu=True)
+
+
+def test_a_gpu_request_reaches_the_engine(
+    api: Any, ci_mini: dict[str, str], smoke_stack: ResolvedStack, tmp_path: Path
+) -> None:
+    """gpu=True really asks the engine for GPUs: here the engine refuses, and that is a failure."""
+    if gpu_available(api):
+        pytest.skip("this host has a GPU and a GPU-capable engine")
+    report = run_smoke(
+        api,
+        ci_mini["ref"],
+        smoke_stack,
+        mounts={},
+        gpu=True,
+        report_path=tmp_path / "smoke.json",
+        log=lambda line: None,
+    )
+    assert failed_names(report) == {CHECK_START}
+    assert "gpu" in report.failed()[0].detail.lower()
+    assert json.loads((tmp_path / "smoke.json").read_text())["passed"] is False

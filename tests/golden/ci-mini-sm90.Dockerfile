@@ -1,0 +1,73 @@
+# Rendered by sm120-stacks from stacks/ci-mini-sm90.yaml; edit the manifest, not this file.
+
+# --- toolchain: build base, system packages, Python 3.11 virtual environment ---
+FROM local/cuda:13.0.2-devel-bookworm AS toolchain
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN python3.11 -m venv /opt/venv
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# --- packages: exact pins; torch in an earlier layer of its own ---
+FROM toolchain AS packages
+# The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; pip's cache lives
+# in a cache mount, so --no-cache-dir (DL3042) would only slow rebuilds. Separate RUNs (DL3059)
+# on purpose: the heavy layer survives a change of any other pin.
+COPY requirements/ /opt/sm120-stacks/requirements/
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
+    --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --find-links /opt/sm120-stacks/wheels -c /opt/sm120-stacks/requirements/constraints.txt -r /opt/sm120-stacks/requirements/heavy.txt
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
+    --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --find-links /opt/sm120-stacks/wheels -r /opt/sm120-stacks/requirements/all.txt
+
+# --- patches: applied to the installed packages, checksums verified first ---
+FROM packages AS patched
+
+# --- jit-cache: FlashInfer modules compiled for 9.0a, one at a time ---
+FROM patched AS jit-cache
+# Compile jobs: the manifest's max_jobs, or what the build machine's memory allows ("auto").
+ARG MAX_JOBS=2
+ENV CMAKE_CUDA_ARCHITECTURES="90a" \
+    CUDA_HOME="/usr/local/cuda" \
+    FLASHINFER_CUDA_ARCH_LIST="9.0a" \
+    FLASHINFER_NVCC_THREADS="1" \
+    FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
+    TORCH_CUDA_ARCH_LIST="9.0a"
+RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
+    --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
+    python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
+    norm
+
+# --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
+FROM local/cuda:13.0.2-devel-bookworm AS runtime
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY --from=patched /opt/venv /opt/venv
+COPY --from=patched /opt/sm120-stacks /opt/sm120-stacks
+COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+# The precompiled modules also in FlashInfer's AOT directory: loaded with no ninja run at all.
+COPY --from=jit-cache /opt/venv/lib/python3.11/site-packages/flashinfer/data/aot /opt/venv/lib/python3.11/site-packages/flashinfer/data/aot
+COPY tools/ /opt/sm120-stacks/tools/
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    CMAKE_CUDA_ARCHITECTURES="90a" \
+    CUDA_HOME="/usr/local/cuda" \
+    FLASHINFER_CUDA_ARCH_LIST="9.0a" \
+    FLASHINFER_NVCC_THREADS="1" \
+    FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
+    TORCH_CUDA_ARCH_LIST="9.0a" \
+    MAX_JOBS=2
+ENV HF_HUB_OFFLINE="1" \
+    OMP_NUM_THREADS="2"
+EXPOSE 8000
+CMD ["transformers", "serve", "/models/tiny", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,552 @@
+"""Lock files, host pins, deploy files, drift and host checks, without an engine.
+
+Pins need a tested, pushed image; these tests write that fact with builder.records directly
+(the `test` command that normally records it is exercised by the engine tests).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import Result
+
+from builder import cli_hosts
+from builder.deploy import docker_run_args, render_files, sdk_run_kwargs, systemd_quote
+from builder.drift import (
+    actual_config,
+    compare_config,
+    expected_config,
+    image_drift,
+    shm_bytes,
+    state_drifts,
+)
+from builder.errors import StackError
+from builder.hostcheck import Gpu, HostFacts, Probe, check, gather, requirements_for
+from builder.lock import (
+    LOCK_SCHEMA,
+    Lock,
+    LockedBase,
+    LockedBases,
+    LockedPython,
+    current_lock,
+    inputs_hash,
+    lock_inputs,
+    lock_path,
+    parse_compiled,
+    read_lock,
+    stale_reason,
+    write_lock,
+)
+from builder.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
+from builder.records import Record, save_record
+from builder.render import render
+from builder.resolve import ResolvedStack, resolve
+
+STACK = "vllm-0.22-marlin"  # no local wheels needed: resolves on any machine
+DIGEST = "sha256:" + "ab" * 32
+REPO = "registry.example.com/ml/sm120-stacks"
+UV_OUTPUT = """\
+filelock==4.3.1 \\
+    --hash=sha256:4c5ee627c401f1863ac6a0de9a14a28d3bb5f8c730b45e2fd6e5dbc79cf34b9e \\
+    --hash=sha256:79e43df8e9fe509cd83a3899a7c186c8077cbbe4d200a1ed3705c2f3bb6bc487
+    # via torch
+torch==2.11.0 \\
+    --hash=sha256:6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b
+Typing_Extensions[x]==4.16.0 \\
+    --hash=sha256:13b2beaad985e05e2d6407ee4c4f35590b11f8d693a258a561055cac8f64cab7
+"""
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _tested_and_pushed(build_dir: Path, stack: ResolvedStack, **record: Any) -> str:
+    content_hash = render(stack).content_hash()
+    fields: dict[str, Any] = {"tests": "passed", "pushed": {REPO: f"{REPO}@{DIGEST}"}}
+    fields.update(record)
+    save_record(build_dir, Record(stack=stack.name, content_hash=content_hash, **fields))
+    return content_hash
+
+
+def _pin(stacks_dir: Path, tmp_path: Path, host: str = "gpu-node-07", **options: Any) -> Pin:
+    stack = resolve(STACK, stacks_dir)
+    content_hash = _tested_and_pushed(tmp_path / "build", stack)
+    from builder.records import load_record
+
+    record = load_record(tmp_path / "build", STACK, content_hash)
+    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    return make_pin(host, stack, content_hash, record, None, PinOptions(**options), when)
+
+
+def _lock_for(stack: ResolvedStack) -> Lock:
+    packages = parse_compiled(UV_OUTPUT)
+    inputs = lock_inputs(stack)
+    base = LockedBase(image="nvidia/cuda:13.0.2-devel-ubuntu24.04", digest=DIGEST, note="test")
+    return Lock(
+        schema_version=LOCK_SCHEMA,
+        stack=stack.name,
+        inputs_hash=inputs_hash(inputs),
+        inputs=inputs,
+        bases=LockedBases(build=base, runtime=base),
+        python=LockedPython(
+            version="3.12",
+            platform="x86_64-manylinux_2_28",
+            resolver="uv test",
+            index_url="https://pypi.org/simple",
+            heavy={k: v for k, v in packages.items() if k in ("torch", "filelock")},
+            packages={k: v for k, v in packages.items() if k not in ("torch", "filelock")},
+        ),
+    )
+
+
+def _container(**changes: Any) -> dict[str, Any]:
+    """`docker inspect` of a container that runs the pin of _pin() exactly."""
+    attrs: dict[str, Any] = {
+        "Image": "sha256:" + "cd" * 32,
+        "RestartCount": 0,
+        "State": {"Status": "running", "Restarting": False, "Health": {"Status": "healthy"}},
+        "Config": {
+            "Cmd": ["vllm", "serve", "x"],
+            "Entrypoint": None,
+            "Env": ["PATH=/opt/venv/bin:/usr/bin", "HF_HOME=/models/hf"],
+        },
+        "HostConfig": {
+            "DeviceRequests": [{"Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]]}],
+            "PortBindings": {"8000/tcp": [{"HostIp": "", "HostPort": "8000"}]},
+            "ShmSize": 16 * 1024**3,
+        },
+        "Mounts": [
+            {"Type": "bind", "Source": "/srv/models", "Destination": "/models", "RW": True},
+            {"Type": "volume", "Name": "f" * 64, "Destination": "/data", "RW": True},
+        ],
+    }
+    attrs.update(changes)
+    return attrs
+
+
+# --- locks -------------------------------------------------------------------------------------
+
+
+def test_parse_compiled_keeps_versions_and_hashes_and_normalizes_names() -> None:
+    packages = parse_compiled(UV_OUTPUT)
+    assert list(packages) == ["filelock", "torch", "typing-extensions"]
+    assert packages["filelock"].version == "4.3.1"
+    assert len(packages["filelock"].hashes) == 2
+    assert packages["torch"].hashes == [
+        "sha256:6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b"
+    ]
+
+
+def test_parse_compiled_refuses_a_package_without_hash() -> None:
+    with pytest.raises(StackError, match="no hash for torch"):
+        parse_compiled("torch==2.11.0\n")
+
+
+def test_lock_round_trip_and_render_installs_from_it(stacks_dir: Path) -> None:
+    stack = resolve(STACK, stacks_dir)
+    plain = render(stack)
+    write_lock(lock_path(stack), _lock_for(stack))
+    assert lock_path(stack) == stacks_dir / f"{STACK}.lock"
+    lock = read_lock(lock_path(stack))
+    assert stale_reason(stack, lock) is None
+    locked = render(stack)
+    dockerfile = locked.dockerfile
+    assert f"FROM nvidia/cuda:13.0.2-devel-ubuntu24.04@{DIGEST} AS toolchain" in dockerfile
+    assert "--require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock-heavy.txt" in (
+        dockerfile
+    )
+    assert "--require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock.txt" in dockerfile
+    heavy = locked.files["requirements/lock-heavy.txt"][0].decode()
+    assert "torch==2.11.0 \\\n    --hash=sha256:6746" in heavy
+    assert "typing-extensions" not in heavy
+    assert "typing-extensions==4.16.0" in locked.files["requirements/lock.txt"][0].decode()
+    assert locked.content_hash() != plain.content_hash()
+
+
+def test_a_lock_that_no_longer_matches_is_refused_and_reported(
+    stacks_dir: Path, run_cli: Callable[..., Result]
+) -> None:
+    stack = resolve(STACK, stacks_dir)
+    write_lock(lock_path(stack), _lock_for(stack))
+    assert run_cli("check", STACK, stacks_dir=stacks_dir).exit_code == 0
+    path = stacks_dir / f"{STACK}.yaml"
+    path.write_text(path.read_text().replace("vllm: 0.22.1", "vllm: 0.22.2"))
+    changed = resolve(STACK, stacks_dir)
+    reason = stale_reason(changed, read_lock(lock_path(changed)))
+    assert reason is not None and "python.packages.vllm.version" in reason
+    assert '"0.22.1" -> "0.22.2"' in reason
+    with pytest.raises(StackError) as caught:
+        current_lock(changed)
+    assert caught.value.file == lock_path(changed) and caught.value.key == "inputs_hash"
+    result = run_cli("check", STACK, stacks_dir=stacks_dir)
+    assert result.exit_code == 2
+    assert f"{STACK}.lock: inputs_hash: lock no longer matches" in result.output
+    assert f"sm120-stacks lock {STACK}" in result.output
+    rendered = run_cli("render", STACK, "--stdout", stacks_dir=stacks_dir)
+    assert rendered.exit_code == 2 and "Traceback" not in rendered.output
+
+
+def test_serve_changes_need_no_new_lock(stacks_dir: Path) -> None:
+    stack = resolve(STACK, stacks_dir)
+    write_lock(lock_path(stack), _lock_for(stack))
+    path = stacks_dir / f"{STACK}.yaml"
+    path.write_text(path.read_text().replace("max_model_len: 32768", "max_model_len: 8192"))
+    changed = resolve(STACK, stacks_dir)
+    assert current_lock(changed) is not None
+
+
+def test_a_malformed_lock_names_file_and_key(stacks_dir: Path) -> None:
+    stack = resolve(STACK, stacks_dir)
+    write_lock(lock_path(stack), _lock_for(stack))
+    text = lock_path(stack).read_text().replace("version: 4.3.1", "version: [4]", 1)
+    lock_path(stack).write_text(text)
+    with pytest.raises(StackError) as caught:
+        render(stack)
+    assert caught.value.file == lock_path(stack)
+    assert caught.value.key == "python.heavy.filelock.version"
+    assert caught.value.line is not None
+
+
+# --- pins --------------------------------------------------------------------------------------
+
+
+def test_pin_round_trips_through_its_file(stacks_dir: Path, tmp_path: Path) -> None:
+    pin = _pin(stacks_dir, tmp_path, gpus="0,1", env=("EXTRA=1",), volumes=("/srv/m:/models:ro",))
+    hosts = tmp_path / "hosts"
+    path = write_pin(hosts, pin)
+    assert path == hosts / "gpu-node-07.yaml"
+    assert load_pin(hosts, "gpu-node-07") == pin
+    data = yaml.safe_load(path.read_text())
+    assert data["image"] == f"{REPO}@{DIGEST}"
+    assert data["command"][:2] == ["vllm", "serve"]
+    assert data["env"]["EXTRA"] == "1" and data["env"]["HF_HOME"] == "/models/hf"
+    assert data["gpus"] == [0, 1]
+    assert data["ports"] == ["8000:8000"]
+    assert data["volumes"] == [{"source": "/srv/m", "target": "/models", "read_only": True}]
+    assert data["needs"]["min_driver"] == "580.65.06"
+    assert data["needs"]["compute_capabilities"] == ["12.0"]
+    assert data["pinned_at"] == "2026-01-02T03:04:05Z"
+    assert [p.name for p in hosts.iterdir()] == ["gpu-node-07.yaml"]  # no temporary left
+
+
+def test_pins_of_different_hosts_are_different_files(stacks_dir: Path, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    write_pin(hosts, _pin(stacks_dir, tmp_path, host="a"))
+    write_pin(hosts, _pin(stacks_dir, tmp_path, host="b"))
+    assert sorted(p.name for p in hosts.iterdir()) == ["a.yaml", "b.yaml"]
+    assert load_pin(hosts, "a").container != load_pin(hosts, "b").container
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"tests": None}, "have not been run; only a tested image"),
+        ({"tests": "failed"}, "have failed"),
+        ({"pushed": {}}, "was never pushed"),
+        ({"pushed": {"a/x": "a/x@" + DIGEST, "b/x": "b/x@" + DIGEST}}, "several registries"),
+    ],
+)
+def test_pin_refuses_untested_or_unpushed_images(
+    stacks_dir: Path,
+    tmp_path: Path,
+    run_cli: Callable[..., Result],
+    record: dict[str, Any],
+    message: str,
+) -> None:
+    _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir), **record)
+    result = run_cli("pin", "gpu-node-07", STACK, stacks_dir=stacks_dir)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not (tmp_path / "hosts").exists()
+
+
+def test_pin_and_deploy_through_the_cli(
+    stacks_dir: Path, tmp_path: Path, run_cli: Callable[..., Result]
+) -> None:
+    _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir))
+    result = run_cli(
+        "pin", "gpu-node-07", STACK, "--port", "127.0.0.1:9000:8000", stacks_dir=stacks_dir
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "hosts" / "gpu-node-07.yaml").is_file()
+    result = run_cli("deploy", "gpu-node-07", stacks_dir=stacks_dir)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "build" / "hosts" / "gpu-node-07"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "compose.yaml",
+        "sm120-stacks-gpu-node-07.service",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("pin", "Bad_Host", STACK), "'Bad_Host' is not a host name"),
+        (("pin", "h", STACK, "--gpus", "x"), "--gpus: --gpus 'x'"),
+        (("pin", "h", STACK, "--volume", "nocolon"), "--volume: --volume 'nocolon'"),
+        (("pin", "h", STACK, "--env", "A=$B"), "env.A: String should match pattern"),
+        (("pin", "h", STACK, "--port", "80"), "ports.0: String should match pattern"),
+        (("verify", "nowhere"), "HOST: no pin for host 'nowhere'"),
+        (("deploy", "nowhere"), "pin it first: sm120-stacks pin nowhere STACK"),
+        (("doctor", "--host", "nowhere"), "no pin for host 'nowhere'"),
+    ],
+)
+def test_bad_host_input_exits_2(
+    stacks_dir: Path,
+    tmp_path: Path,
+    run_cli: Callable[..., Result],
+    args: tuple[str, ...],
+    message: str,
+) -> None:
+    _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir))
+    result = run_cli(*args, stacks_dir=stacks_dir)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "message"),
+    [
+        (("gpus: all", "gpus: some"), "gpus", "Input should be 'all' or 'none'"),
+        (("shm_size: 16g", "shm_size: lots"), "shm_size", "String should match pattern"),
+        (("restart: unless-stopped", "restrat: always"), "restrat", "unknown key"),
+        (("host: gpu-node-07", "host: other"), "host", "pins host 'other'"),
+        (("image: ", "image: [x"), None, "YAML syntax error"),
+    ],
+)
+def test_a_malformed_pin_names_file_key_and_line(
+    stacks_dir: Path,
+    tmp_path: Path,
+    run_cli: Callable[..., Result],
+    edit: tuple[str, str],
+    key: str | None,
+    message: str,
+) -> None:
+    path = write_pin(tmp_path / "hosts", _pin(stacks_dir, tmp_path))
+    assert edit[0] in path.read_text()
+    path.write_text(path.read_text().replace(*edit))
+    with pytest.raises(StackError) as caught:
+        load_pin(tmp_path / "hosts", "gpu-node-07")
+    assert caught.value.file == path and caught.value.key == key
+    assert caught.value.line is not None
+    assert message in str(caught.value)
+    result = run_cli("verify", "gpu-node-07", stacks_dir=stacks_dir)
+    assert result.exit_code == 2
+    assert f"gpu-node-07.yaml:{caught.value.line}: " in result.output
+
+
+def test_pin_path_refuses_path_tricks(tmp_path: Path) -> None:
+    with pytest.raises(StackError, match="not a host name"):
+        pin_path(tmp_path, "../etc/passwd")
+
+
+# --- deploy files ------------------------------------------------------------------------------
+
+
+def test_compose_runs_exactly_the_pinned_digest(stacks_dir: Path, tmp_path: Path) -> None:
+    pin = _pin(stacks_dir, tmp_path, gpus="1", volumes=("/srv/m:/models:ro",))
+    compose = yaml.safe_load(render_files(pin)["compose.yaml"])
+    service = compose["services"]["llm"]
+    assert service["image"] == f"{REPO}@{DIGEST}"
+    assert service["command"] == pin.command
+    assert service["environment"] == pin.env
+    assert service["shm_size"] == "16g"
+    assert service["restart"] == "unless-stopped"
+    assert service["ports"] == ["8000:8000"]
+    assert service["volumes"] == [
+        {"type": "bind", "source": "/srv/m", "target": "/models", "read_only": True}
+    ]
+    device = service["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device == {"driver": "nvidia", "capabilities": ["gpu"], "device_ids": ["1"]}
+    health = service["healthcheck"]
+    assert health["test"][:3] == ["CMD", "python", "-c"]
+    assert "http://127.0.0.1:8000/health" in health["test"][3]
+    assert health["start_period"] == "900s"
+
+
+def test_systemd_unit_runs_the_same_container(stacks_dir: Path, tmp_path: Path) -> None:
+    pin = _pin(stacks_dir, tmp_path, env=("PRICE=100%",))
+    unit = render_files(pin)["sm120-stacks-gpu-node-07.service"]
+    assert "Restart=always" in unit
+    assert f'ExecStartPre=/usr/bin/docker pull "{REPO}@{DIGEST}"' in unit
+    exec_start = unit.split("ExecStart=", 1)[1].split("\nExecStop=", 1)[0]
+    words = shlex.split(exec_start.replace("\\\n", " ").replace("$$", "$").replace("%%", "%"))
+    assert words == ["/usr/bin/docker", *docker_run_args(pin)]
+    assert words[words.index("--gpus") + 1] == "all"
+    assert words[words.index("--shm-size") + 1] == "16g"
+    assert "--env" in words and "PRICE=100%" in words
+    assert words[-len(pin.command) - 1 :] == [pin.image, *pin.command]
+    assert systemd_quote('a"b$c%d\\') == '"a\\"b$$c%%d\\\\"'
+
+
+def test_sdk_arguments_match_the_pin(stacks_dir: Path, tmp_path: Path) -> None:
+    pin = _pin(stacks_dir, tmp_path, ports=("127.0.0.1:9000:8000",), gpus="none")
+    kwargs = sdk_run_kwargs(pin)
+    assert kwargs["image"] == pin.image and kwargs["command"] == pin.command
+    assert kwargs["ports"] == {"8000/tcp": ("127.0.0.1", 9000)}
+    assert kwargs["restart_policy"] == {"Name": "unless-stopped"}
+    assert "device_requests" not in kwargs
+    assert kwargs["healthcheck"]["start_period"] == 900 * 10**9
+
+
+# --- drift -------------------------------------------------------------------------------------
+
+
+def _expected(pin: Pin) -> dict[str, Any]:
+    return expected_config(pin, {"Env": ["PATH=/opt/venv/bin:/usr/bin"], "Entrypoint": None})
+
+
+def test_a_container_that_matches_its_pin_has_no_drift(stacks_dir: Path, tmp_path: Path) -> None:
+    pin = _pin(stacks_dir, tmp_path, volumes=("/srv/models:/models",))
+    attrs = _container()
+    attrs["Config"]["Cmd"] = list(pin.command)
+    attrs["Config"]["Env"] = ["PATH=/opt/venv/bin:/usr/bin"] + [
+        f"{k}={v}" for k, v in pin.env.items()
+    ]
+    assert compare_config(_expected(pin), actual_config(attrs)) == []
+    assert state_drifts(attrs) == []
+    assert image_drift(pin, {"RepoDigests": [pin.image, "other@" + DIGEST]}) == []
+
+
+def test_each_config_drift_is_named(stacks_dir: Path, tmp_path: Path) -> None:
+    pin = _pin(stacks_dir, tmp_path, volumes=("/srv/models:/models",))
+    attrs = _container(
+        HostConfig={
+            "DeviceRequests": [{"Count": 0, "DeviceIDs": ["0"], "Capabilities": [["gpu"]]}],
+            "PortBindings": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": "8001"}]},
+            "ShmSize": 64 * 1024**2,
+        },
+        Mounts=[{"Type": "bind", "Source": "/tmp/x", "Destination": "/models", "RW": False}],
+    )
+    attrs["Config"]["Env"] += ["FOO=bar"]
+    attrs["Config"]["Env"].remove("HF_HOME=/models/hf")
+    drifts = {d.name: d.detail for d in compare_config(_expected(pin), actual_config(attrs))}
+    assert set(drifts) == {"command", "env", "gpus", "mounts", "ports", "shm_size"}
+    assert "FOO='bar' is set but not pinned" in drifts["env"]
+    assert "HF_HOME is not set (pinned '/models/hf')" in drifts["env"]
+    assert drifts["gpus"] == "runs with 0, pinned all"
+    assert "127.0.0.1:8001->8000/tcp" in drifts["ports"]
+    assert drifts["shm_size"] == f"runs with {64 * 1024**2}, pinned {16 * 1024**3}"
+
+
+def test_image_drift_uses_registry_digests_not_the_image_id(
+    stacks_dir: Path, tmp_path: Path
+) -> None:
+    pin = _pin(stacks_dir, tmp_path)
+    other = {"Id": pin.image.split("@")[1], "RepoDigests": [], "Config": {"Labels": {}}}
+    (drift,) = image_drift(pin, other)
+    assert drift.name == "image" and "no registry digest" in drift.detail
+    moved = {"RepoDigests": [f"{REPO}@sha256:{'0' * 64}"], "Config": {"Labels": {}}}
+    assert image_drift(pin, moved)[0].detail.startswith(f"runs {REPO}@sha256:0000")
+
+
+def test_state_drifts_stopped_restarting_unhealthy() -> None:
+    stopped = state_drifts(_container(State={"Status": "exited", "ExitCode": 137}))
+    assert [(d.name, d.detail) for d in stopped] == [("state", "exited (exit code 137)")]
+    looping = state_drifts(
+        _container(RestartCount=4, State={"Status": "restarting", "Restarting": True})
+    )
+    assert [d.name for d in looping] == ["state", "restarts"]
+    assert "restarted 4 times" in looping[1].detail
+    sick = {"Status": "running", "Health": {"Status": "unhealthy", "Log": [{"Output": "refused"}]}}
+    assert state_drifts(_container(State=sick))[0].detail == "unhealthy: refused"
+
+
+def test_shm_sizes_parse_like_docker() -> None:
+    assert shm_bytes("1g") == 1024**3
+    assert shm_bytes("512m") == 512 * 1024**2
+    assert shm_bytes("64") == 64
+
+
+# --- host checks -------------------------------------------------------------------------------
+
+
+def _probe(out: str | None, status: int = 0) -> Probe:
+    def run(argv: Sequence[str]) -> tuple[int, str]:
+        assert argv[0] == "nvidia-smi"
+        return status, out or ""
+
+    return Probe(
+        run=run,
+        which=lambda name: "/usr/bin/nvidia-smi"
+        if out is not None and name == "nvidia-smi"
+        else None,
+        cdi_dirs=(),
+    )
+
+
+def _by_name(facts: HostFacts, gpus: Sequence[str] = ("sm120",)) -> dict[str, Any]:
+    needs = requirements_for(list(gpus), "580.65.06")
+    return {f.name: f for f in check(facts, needs)}
+
+
+def test_host_without_a_gpu_says_so() -> None:
+    facts = gather(None, "no socket", _probe(None))
+    found = _by_name(facts)
+    assert not found["gpu"].ok and "this machine has no NVIDIA GPU" in found["gpu"].detail
+    assert not found["driver"].ok and ">= 580.65.06" in found["driver"].fix
+    assert not found["runtime"].ok and "nvidia-container-toolkit" in found["runtime"].fix
+    assert not found["engine"].ok and "no socket" in found["engine"].detail
+
+
+def test_old_driver_and_wrong_gpu_are_found() -> None:
+    facts = gather(None, None, _probe("0, NVIDIA H200, 570.86.15, 9.0\n"))
+    assert facts.gpus == (Gpu(0, "NVIDIA H200", "9.0"),)
+    found = _by_name(facts)
+    assert "570.86.15 is older than 580.65.06" in found["driver"].detail
+    assert "GPU 0 (NVIDIA H200) is compute 9.0; the stack targets 12.0 (sm120)" in (
+        found["gpu"].detail
+    )
+
+
+def test_a_matching_host_passes() -> None:
+    facts = gather(None, None, _probe("0, NVIDIA RTX PRO 6000, 580.95.05, 12.0\n"))
+    facts = HostFacts(facts.driver, facts.gpus, None, ("runtime nvidia",), None)
+    assert all(f.ok for f in check(facts, requirements_for(["sm120"], "580.65.06")))
+    assert not check(facts, requirements_for(["sm120"], None), selected=[3])[2].ok
+
+
+def test_doctor_cli_reports_each_failure_with_its_fix(
+    run_cli: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        cli_hosts, "gather", lambda api, why: gather(None, "no engine here", _probe(None))
+    )
+    result = run_cli("doctor", "--stack", STACK)
+    assert result.exit_code == 1
+    assert "FAIL  gpu: this machine has no NVIDIA GPU" in result.output
+    assert "fix: install the NVIDIA driver >= 580.65.06" in result.output
+    rows = json.loads(run_cli("doctor", "--json").output)
+    assert {r["name"]: r["ok"] for r in rows}["gpu"] is False
+
+
+def test_a_site_substitution_keeps_the_lock_and_wins_over_its_digest(stacks_dir: Path) -> None:
+    from builder.substitute import Substitutions
+
+    stack = resolve(STACK, stacks_dir)
+    write_lock(lock_path(stack), _lock_for(stack))
+    rule = "nvidia/cuda:13.0.2-devel-ubuntu24.04=local/cuda:13.0.2-devel-bookworm"
+    mirrored = resolve(STACK, stacks_dir, Substitutions.parse([rule]))
+    assert current_lock(mirrored) is not None  # the lock pins the manifest's bases
+    dockerfile = render(mirrored).dockerfile
+    assert "FROM local/cuda:13.0.2-devel-bookworm AS toolchain" in dockerfile
+    assert "--require-hashes" in dockerfile
+
+
+def test_real_h200_output_passes_the_driver_and_fails_the_sm120_target() -> None:
+    """nvidia-smi's answer on the H200 the device machine has (captured there verbatim)."""
+    facts = gather(None, None, _probe("0, NVIDIA H200, 580.159.04, 9.0\n"))
+    found = _by_name(facts)
+    assert found["driver"].ok and found["driver"].detail == (
+        "NVIDIA driver 580.159.04 (needs >= 580.65.06)"
+    )
+    assert not found["gpu"].ok and "is compute 9.0" in found["gpu"].detail
+    assert _by_name(facts, gpus=("sm90",))["gpu"].ok
