@@ -23,6 +23,7 @@ from builder.distribute import pull_stack, push_stack, registry_has_current
 from builder.engine import detect_build_client, engine_api
 from builder.errors import EXIT_BAD_INPUT, StackError
 from builder.images import HASH_CHARS
+from builder.lock import current_lock
 from builder.manifest import Manifest
 from builder.records import load_record
 from builder.registry import Registry, RegistryError
@@ -176,9 +177,11 @@ def check(settings: Settings, stacks: tuple[str, ...]) -> None:
     failures: list[StackError] = []
     for name in names:
         try:
-            result = check_stack(settings.resolve(name))
+            stack = settings.resolve(name)
+            result = check_stack(stack)
             if not result.ok:
                 raise violation_error(result)
+            current_lock(stack)  # a lock that no longer matches its manifest is an error too
             click.echo(f"ok  {name}")
         except StackError as exc:
             click.echo(f"BAD {name}", err=True)

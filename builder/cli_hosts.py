@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import wraps
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,11 @@ from builder.drift import verify as verify_host
 from builder.engine import engine_api
 from builder.errors import StackError, ToolMissing
 from builder.hostcheck import Finding, check, gather, requirements_for
-from builder.lock import lock_path, make_lock, read_lock, stale_reason, write_lock
+from builder.lock import lock_path, make_lock, write_lock
 from builder.pins import PinOptions, load_pin, make_pin, write_pin
 from builder.records import load_record
 from builder.registry import Registry
 from builder.render import render
-from builder.resolve import stack_names
 
 EXIT_DRIFT = 1
 
@@ -211,69 +209,3 @@ def _print_findings(findings: list[Finding], as_json: bool) -> None:
             click.echo(f"      fix: {f.fix}")
     failed = sum(not f.ok for f in findings)
     click.echo(f"{failed} prerequisite(s) missing" if failed else "all prerequisites present")
-
-
-# --- `check` also reports stale lock files -----------------------------------------------------
-
-
-def _lock_problems(settings: Settings, names: list[str]) -> list[StackError]:
-    problems = []
-    for name in names:
-        try:
-            stack = settings.resolve(name)
-        except StackError:
-            continue  # the manifest's own error is reported by check itself
-        path = lock_path(stack)
-        if not path.is_file():
-            continue
-        try:
-            reason = stale_reason(stack, read_lock(path))
-        except StackError as exc:
-            problems.append(exc)
-            continue
-        if reason is None:
-            click.echo(f"ok  {name}.lock")
-        else:
-            problems.append(
-                StackError(
-                    f"lock no longer matches stacks/{name}.yaml: {reason}",
-                    file=path,
-                    key="inputs_hash",
-                    hint=f"run `sm120-stacks lock {name}`",
-                )
-            )
-    return problems
-
-
-def _extend_check() -> None:
-    """Wrap the `check` command so it also reports locks that no longer match their manifest.
-
-    Done here rather than in cli.py so the lock feature stays in its own modules.
-    """
-    command = cli.commands["check"]
-    original = command.callback
-    assert original is not None
-
-    @wraps(original)
-    def check_with_locks(**kwargs: Any) -> None:
-        status = 0
-        try:
-            original(**kwargs)
-        except SystemExit as exc:
-            status = int(exc.code or 0)
-        settings = click.get_current_context().find_object(Settings)
-        assert settings is not None
-        try:
-            names = list(kwargs["stacks"]) or stack_names(settings.stacks_dir)
-        except StackError:
-            names = []
-        for problem in _lock_problems(settings, names):
-            click.echo(f"error: {problem}", err=True)
-            status = 2
-        if status:
-            sys.exit(status)
-
-    command.callback = check_with_locks
-
-
-_extend_check()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build and test a flagship stack on this machine, which reaches no image registry: the stack's
+# nvidia/cuda base is substituted by local/cuda:13.0.2-devel-bookworm (`make base-cuda-local`).
+# That base is Debian 12, whose Python is 3.11 (Ubuntu 24.04's 3.12 is not installable here),
+# so a local variant overrides python.version and the apt package names and nothing else: the
+# pins, arch flags, JIT modules and serve settings are the flagship's own.
+#
+#   scripts/flagship-local.sh vllm-0.22-marlin     # hours the first time on 2 cores
+set -euo pipefail
+stack="${1:?usage: scripts/flagship-local.sh STACK}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+work="build/local-stacks"
+mkdir -p "$work/stacks"
+cp stacks/*.yaml "$work/stacks/"
+ln -sfn "$root/patches" "$work/patches"
+cat >"$work/stacks/$stack-local.yaml" <<YAML
+# $stack on the local Debian 12 CUDA base (scripts/flagship-local.sh).
+extends: $stack
+python:
+  version: "3.11"
+build:
+  apt_packages: [python3.11, python3.11-venv, python3.11-dev, ca-certificates]
+  runtime_apt_packages: [python3.11, python3.11-venv, ca-certificates]
+YAML
+scripts/make-base-cuda-local.sh
+export SM120_STACKS_BASE_SUBSTITUTE="nvidia/cuda:13.0.2-devel-ubuntu24.04=local/cuda:13.0.2-devel-bookworm"
+export SM120_STACKS_CA_BUNDLE="${SM120_STACKS_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
+cli=(.venv/bin/sm120-stacks --stacks-dir "$work/stacks" --build-dir build)
+"${cli[@]}" check "$stack-local"
+"${cli[@]}" build "$stack-local"
+"${cli[@]}" test "$stack-local"
