@@ -8,6 +8,7 @@ build/STACK/logs/.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -27,6 +28,8 @@ from builder.render import RenderedContext, render, write_context
 from builder.resolve import ResolvedStack
 
 TARGET_STAGE = "runtime"
+#: Label recording the image IDs the base tags pointed to at build time.
+BASE_IDS_LABEL = "sm120-stacks.base-ids"
 
 
 class BuildFailed(Exception):
@@ -78,7 +81,8 @@ def build_stack(
     content_hash = rendered.content_hash()
     ref = local_ref(stack.name, content_hash)
     existing = find_image(api, ref, content_hash)
-    if existing is not None and not options.no_cache:
+    bases = local_base_ids(api, stack)
+    if existing is not None and not options.no_cache and not _bases_moved(existing, bases):
         existing.tag(moving_ref(stack.name))
         return BuildOutcome(
             stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
@@ -94,6 +98,7 @@ def build_stack(
     with tempfile.TemporaryDirectory(prefix="sm120-build-") as scratch:
         iidfile = Path(scratch) / "iid"
         argv = build_argv(stack, rendered, context, client, options, iidfile)
+        argv[-1:-1] = ["--label", f"{BASE_IDS_LABEL}={json.dumps(bases, sort_keys=True)}"]
         _write_replay(command_path, client, argv, iidfile)
         _run_build(stack.name, argv, client, log_path, options.live_progress)
         image_id = iidfile.read_text().strip()
@@ -113,6 +118,31 @@ def build_stack(
         log_path,
         command_path,
     )
+
+
+def local_base_ids(api: Any, stack: ResolvedStack) -> dict[str, str]:
+    """Image IDs of the stack's base references as this engine has them now.
+
+    A tag can move (a base rebuilt with `make base-local`, a mirror updated) without the
+    rendered context changing; recording what each FROM meant lets a later build notice.
+    Bases pinned by digest cannot move and are left out, as are bases the engine lacks.
+    """
+    from docker.errors import ImageNotFound
+
+    ids = {}
+    for base in (stack.manifest.bases.build, stack.manifest.bases.runtime):
+        if base.digest:
+            continue
+        try:
+            ids[base.image] = str(api.images.get(base.image).id)
+        except ImageNotFound:
+            continue
+    return ids
+
+
+def _bases_moved(image: Any, current: dict[str, str]) -> bool:
+    recorded = json.loads((image.labels or {}).get(BASE_IDS_LABEL, "{}"))
+    return any(recorded.get(ref) not in (None, image_id) for ref, image_id in current.items())
 
 
 def build_argv(

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -239,7 +240,9 @@ def write_context(rendered: RenderedContext, target: Path) -> Path:
     return target
 
 
+@cache
 def _jinja_env(templates_dir: Path) -> jinja2.Environment:
+    """One environment per templates folder: compiled templates are reused across stacks."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir)),
         undefined=jinja2.StrictUndefined,

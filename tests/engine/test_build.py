@@ -181,3 +181,15 @@ def _assert_absent(archive: Path, needles: list[str]) -> None:
                                 assert needle.encode() not in body, f"{needle} in {entry.name}"
             for needle in needles:
                 assert needle.encode() not in content, f"{needle} in {member.name}"
+
+
+def test_a_moved_base_tag_is_noticed(ci_mini: dict[str, str], api: Any, workspace: Path) -> None:
+    """A base rebuilt under the same tag must not leave the old image 'up to date'."""
+    from builder.build import _bases_moved, local_base_ids
+
+    stack = resolve("ci-mini", workspace / "stacks")
+    image = api.images.get(ci_mini["ref"])
+    current = local_base_ids(api, stack)
+    assert current, "the local base should be known to the engine"
+    assert not _bases_moved(image, current)
+    assert _bases_moved(image, dict.fromkeys(current, "sha256:" + "0" * 64))
