@@ -18,6 +18,8 @@ from rich.text import Text
 STEP = re.compile(r"^#(\d+) (\[[^\]]+\].*)$")
 ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
 DONE = re.compile(r"^#(\d+) (DONE|CACHED)")
+#: Inside a long step: the precompile tool's module lines and ninja's [n/N] counter.
+DETAIL = re.compile(r"^#\d+ [\d.]+ (flashinfer_jit: .*|\[\d+/\d+\] \S+)")
 
 
 class StepTracker:
@@ -28,11 +30,15 @@ class StepTracker:
         self.current: str | None = None
         self.failed: tuple[str, str] | None = None
         self.finished = 0
+        self.detail = ""
 
     def feed(self, line: str) -> None:
         if match := STEP.match(line):
             self.titles[match.group(1)] = match.group(2)
             self.current = match.group(2)
+            self.detail = ""
+        elif match := DETAIL.match(line):
+            self.detail = match.group(1)
         elif match := ERROR.match(line):
             title = self.titles.get(match.group(1), f"step #{match.group(1)}")
             if self.failed is None:
@@ -72,7 +78,9 @@ class Progress:
 
     def _status(self) -> Text:
         elapsed = time.monotonic() - self.started
-        step = (self.tracker.current or "starting")[:110]
+        step = (self.tracker.current or "starting")[:90]
+        detail = f"\n  {self.tracker.detail[:120]}" if self.tracker.detail else ""
         return Text(
-            f"building {self.stack}  {elapsed:5.0f}s  steps done {self.tracker.finished}  {step}"
+            f"building {self.stack}  {elapsed:5.0f}s  steps done {self.tracker.finished}  "
+            f"{step}{detail}"
         )

@@ -48,6 +48,9 @@ class TemplateContext:
     patches: list[dict[str, Any]]
     jit_modules: list[str]
     aot_dir: str
+    #: FlashInfer's cached_ops directory in the image, and the BuildKit cache mount behind it.
+    jit_dir: str
+    jit_cache_id: str
     max_jobs_default: int
     jit_env: dict[str, str]
     env: dict[str, str]
@@ -142,6 +145,8 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         patches=[{"file": Path(p.file).name, "strip": p.strip} for p in m.patches],
         jit_modules=list(stack.jit_modules),
         aot_dir=f"{VENV}/lib/python{m.python.version}/site-packages/flashinfer/data/aot",
+        jit_dir=jit_cached_ops_dir(stack),
+        jit_cache_id=f"sm120-stacks-jit-{stack.name}-{stack.arch.jit_arch_tag}",
         max_jobs_default=max_jobs_default,
         jit_env=dict(sorted(jit_env.items())),
         env=dict(sorted(m.env.items())),
@@ -150,6 +155,15 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         locked=lock is not None,
         locked_heavy=bool(lock and lock.python.heavy),
     )
+
+
+def jit_cached_ops_dir(stack: ResolvedStack) -> str:
+    """Where FlashInfer keeps this stack's JIT cache: <workspace>/.cache/flashinfer/<version>/
+    <arch tag>/cached_ops (flashinfer/jit/env.py)."""
+    python = stack.manifest.python
+    pin = {**python.packages, **python.overrides}.get("flashinfer-python")
+    version = pin.version if pin else "none"
+    return f"{JIT_WORKSPACE}/.cache/flashinfer/{version}/{stack.arch.jit_arch_tag}/cached_ops"
 
 
 def requirements(
@@ -201,7 +215,7 @@ def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> Rendere
         mode = EXECUTABLE if os.access(tool, os.X_OK) else REGULAR
         files[f"tools/{tool.name}"] = (tool.read_bytes(), mode)
     files["tools/jit-modules.json"] = (
-        (json.dumps(jit_module_table(stack.jit_modules), indent=2, sort_keys=True) + "\n").encode(),
+        (json.dumps(jit_module_table(), indent=2, sort_keys=True) + "\n").encode(),
         REGULAR,
     )
     for wheel in stack.manifest.python.wheels:

@@ -95,10 +95,10 @@ def jit_modules_known() -> dict[str, JitModule]:
     return parse_document(read_knowledge("flashinfer_modules.yaml"), _ModuleFile).modules
 
 
-def jit_module_table(names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """What the in-image tool needs per module (generator and arguments)."""
-    known = jit_modules_known()
-    return {n: {"generator": known[n].generator, "args": known[n].args} for n in names}
+def jit_module_table() -> dict[str, dict[str, Any]]:
+    """What the in-image tool needs per known module (generator and arguments): all of them, so
+    the image can also name a module it lacks as a miss."""
+    return {n: {"generator": m.generator, "args": m.args} for n, m in jit_modules_known().items()}
 
 
 def stack_names(stacks_dir: Path) -> list[str]:
