@@ -146,7 +146,10 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         jit_modules=list(stack.jit_modules),
         aot_dir=f"{VENV}/lib/python{m.python.version}/site-packages/flashinfer/data/aot",
         jit_dir=jit_cached_ops_dir(stack),
-        jit_cache_id=f"sm120-stacks-jit-{stack.name}-{stack.arch.jit_arch_tag}",
+        # Not per stack: stacks that differ only in runtime settings must render identical
+        # build stages, or they could not share layers. ninja tracks what each build needs.
+        jit_cache_id=f"sm120-stacks-jit-{flashinfer_version(stack)}-{stack.arch.jit_arch_tag}"
+        f"-py{m.python.version}",
         max_jobs_default=max_jobs_default,
         jit_env=dict(sorted(jit_env.items())),
         env=dict(sorted(m.env.items())),
@@ -160,10 +163,14 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
 def jit_cached_ops_dir(stack: ResolvedStack) -> str:
     """Where FlashInfer keeps this stack's JIT cache: <workspace>/.cache/flashinfer/<version>/
     <arch tag>/cached_ops (flashinfer/jit/env.py)."""
+    version = flashinfer_version(stack)
+    return f"{JIT_WORKSPACE}/.cache/flashinfer/{version}/{stack.arch.jit_arch_tag}/cached_ops"
+
+
+def flashinfer_version(stack: ResolvedStack) -> str:
     python = stack.manifest.python
     pin = {**python.packages, **python.overrides}.get("flashinfer-python")
-    version = pin.version if pin else "none"
-    return f"{JIT_WORKSPACE}/.cache/flashinfer/{version}/{stack.arch.jit_arch_tag}/cached_ops"
+    return pin.version if pin else "none"
 
 
 def requirements(

@@ -111,3 +111,19 @@ def test_rendered_dockerfiles_pass_hadolint(tmp_path: Path) -> None:
             text=True,
         )
         assert result.returncode == 0, f"{name}:\n{result.stdout}{result.stderr}"
+
+
+def test_stacks_differing_only_at_runtime_render_identical_build_instructions(
+    stacks_dir: Path,
+) -> None:
+    """Layer sharing across stacks needs byte-identical instructions before the runtime ENV."""
+    (stacks_dir / "child.yaml").write_text(
+        "extends: vllm-0.22-marlin\nenv: {EXTRA: '1'}\nserve: {port: 8011}\n"
+    )
+
+    def instructions(name: str) -> list[str]:
+        lines = render(resolve(name, stacks_dir)).dockerfile.splitlines()
+        cut = next(i for i, line in enumerate(lines) if line.startswith("ENV VIRTUAL_ENV"))
+        return [line for line in lines[:cut] if not line.startswith("#")]
+
+    assert instructions("child") == instructions("vllm-0.22-marlin")

@@ -48,10 +48,10 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # where it stopped (objects and .ninja_log survive); the next step copies the result into the layer.
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-jit-ci-mini-120f,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-jit-0.6.11.post2-120f-py3.11,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     norm
-RUN --mount=type=cache,id=sm120-stacks-jit-ci-mini-120f,target=/var/cache/sm120-stacks/jit,sharing=locked \
+RUN --mount=type=cache,id=sm120-stacks-jit-0.6.11.post2-120f-py3.11,target=/var/cache/sm120-stacks/jit,sharing=locked \
     mkdir -p /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops \
  && cp -a /var/cache/sm120-stacks/jit/norm /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/
 

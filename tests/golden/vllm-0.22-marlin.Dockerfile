@@ -50,10 +50,10 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # where it stopped (objects and .ninja_log survive); the next step copies the result into the layer.
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-jit-vllm-0.22-marlin-120f,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-jit-0.6.11.post2-120f-py3.12,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling fp4_gemm_cutlass_sm120
-RUN --mount=type=cache,id=sm120-stacks-jit-vllm-0.22-marlin-120f,target=/var/cache/sm120-stacks/jit,sharing=locked \
+RUN --mount=type=cache,id=sm120-stacks-jit-0.6.11.post2-120f-py3.12,target=/var/cache/sm120-stacks/jit,sharing=locked \
     mkdir -p /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops \
  && cp -a /var/cache/sm120-stacks/jit/sampling /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/ \
  && cp -a /var/cache/sm120-stacks/jit/fp4_gemm_cutlass_sm120 /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/
