@@ -80,8 +80,12 @@ def main() -> None:
     (work / "build" / "wheels").symlink_to(REPO_ROOT / "build" / "wheels")
     env = {"SM120_STACKS_CA_BUNDLE": args.ca_bundle}
     client = detect_build_client()
+    # A copy under its own name: its moving tag must not move the real stack's while tests run.
+    source = (work / "stacks" / f"{args.stack}.yaml").read_text()
+    args.stack = f"bench-{args.stack}"
     stack_file = work / "stacks" / f"{args.stack}.yaml"
-    original = stack_file.read_text()
+    stack_file.write_text(source)
+    original = source
 
     def tool(*extra: str) -> Callable[[], float]:
         return lambda: sh([*CLI, *extra], work, env)
@@ -124,6 +128,9 @@ def main() -> None:
     )
     stack_file.write_text(original)
     sh([*CLI, "render", args.stack], work)
+    if args.cold_pairs == 0:
+        _print(args.stack, rows)
+        return
     rows.append(
         (
             "cold build (--no-cache)",
@@ -157,11 +164,15 @@ def main() -> None:
             ),
         )
     )
-    print(f"\n{args.stack}, medians over pairs run A B A B in one session\n")
+    _print(args.stack, rows)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _print(stack: str, rows: list[tuple[str, float, float, float]]) -> None:
+    print(f"\n{stack}, medians over pairs run A B A B in one session\n")
     print("| measurement | A: sm120-stacks (s) | B (s) | A/B |\n|---|---|---|---|")
     for name, a, b, ratio in rows:
         print(f"| {name} | {a:.2f} | {b:.2f} | {ratio:.2f} |")
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

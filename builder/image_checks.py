@@ -68,10 +68,11 @@ def test_nvcc_matches_the_stack_cuda(host: Any) -> None:
 def test_jit_cache_holds_every_module_for_the_target_archs(host: Any) -> None:
     if not EXPECT["jit_modules"]:
         pytest.skip("the stack precompiles no FlashInfer module")
-    result = host.run(
-        "%s /opt/sm120-stacks/tools/flashinfer_jit.py verify %s",
+    modules = EXPECT["jit_modules"]
+    result = host.run(  # one %s per module: testinfra quotes each argument on its own
+        "%s /opt/sm120-stacks/tools/flashinfer_jit.py verify" + " %s" * len(modules),
         EXPECT["python"],
-        " ".join(EXPECT["jit_modules"]),
+        *modules,
     )
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [r["module"] for r in rows] == EXPECT["jit_modules"], result.stderr
