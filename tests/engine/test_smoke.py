@@ -173,7 +173,8 @@ def test_a_server_killed_while_serving_is_reported_dead(
     assert CHECK_UP in failed_names(report) <= {CHECK_UP, CHECK_REQUEST}
     died = next(c for c in report.failed() if c.name == CHECK_UP).detail
     assert died.startswith("server died while serving: exit code 137")
-    assert report.ttft_s is None and report.single_stream_tok_s is None
+    # The kill races the first (tiny, fast) answer, so some numbers may exist; the verdict may not.
+    assert not report.passed
 
 
 def kill_when_serving() -> None:
