@@ -47,17 +47,20 @@ def test_runtime_only_change_reuses_every_package_layer(
     api: Any,
     workspace: Path,
 ) -> None:
-    name = variant("ci-mini-env", "env: {SMOKE_ONLY_SETTING: changed}\nserve: {port: 8011}")
-    cli_process("build", name)
-    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
-    assert content_hash != ci_mini["hash"]
-    changed = api.images.get(local_ref(name, content_hash))
-    original = api.images.get(ci_mini["ref"])
-    assert changed.id != original.id
-    # ENV/EXPOSE/CMD add no filesystem layers: every layer is the original's.
-    assert changed.attrs["RootFS"]["Layers"] == original.attrs["RootFS"]["Layers"]
-    log = (workspace / "build" / name / "logs").glob("*.log")
-    text = next(log).read_text()
+    # Two variants built here, so the second finds the first's layers in the build cache even
+    # when ci-mini's own image predates a `docker builder prune`.
+    first = variant("ci-mini-env-a", "env: {SMOKE_ONLY_SETTING: one}")
+    second = variant("ci-mini-env-b", "env: {SMOKE_ONLY_SETTING: two}\nserve: {port: 8011}")
+    images = []
+    for name in (first, second):
+        cli_process("build", name)
+        content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+        assert content_hash != ci_mini["hash"]
+        images.append(api.images.get(local_ref(name, content_hash)))
+    assert images[0].id != images[1].id
+    # ENV/EXPOSE/CMD add no filesystem layers: every layer is the first variant's.
+    assert images[1].attrs["RootFS"]["Layers"] == images[0].attrs["RootFS"]["Layers"]
+    text = next((workspace / "build" / second / "logs").glob("*.log")).read_text()
     assert "pip install" not in _executed_steps(text), "a package step ran again"
 
 
