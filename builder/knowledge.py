@@ -8,7 +8,6 @@ file and line too.
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -70,7 +69,3 @@ def locate(key_path: tuple[Any, ...], docs: list[YamlDocument]) -> tuple[YamlDoc
             if key_path[:end] in doc.lines:
                 return doc, doc.lines[key_path[:end]]
     return docs[0], None
-
-
-def knowledge_path(name: str) -> Path:
-    return KNOWLEDGE_DIR / name

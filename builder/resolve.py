@@ -17,12 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from builder.archflags import ArchFlags, arch_table, derive
+from builder.archflags import ArchFlags, derive
 from builder.errors import StackError
-from builder.knowledge import parse_document, read_knowledge, validation_error
+from builder.knowledge import locate, parse_document, read_knowledge, validation_error
 from builder.manifest import Manifest
 from builder.substitute import Substitutions
-from builder.yamlsafe import YamlDocument, load_yaml
+from builder.yamlsafe import YamlDocument, dotted, load_yaml
 
 STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 MAX_EXTENDS_DEPTH = 32
@@ -267,12 +267,14 @@ def _check_reserved_env(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
 
 
 def _error_at(
-    docs: list[YamlDocument], key_path: tuple[str | int, ...], message: str, hint: str | None = None
+    docs: list[YamlDocument],
+    key_path: tuple[str | int, ...],
+    message: str,
+    hint: str | None = None,
 ) -> StackError:
     """An error at the manifest (child first) that spells out key_path, with its line."""
-    doc = next((d for d in docs if key_path in d.lines), docs[0])
-    key = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in key_path).replace(".[", "[")
-    return StackError(message, file=doc.path, key=key, line=doc.line_of(key_path), hint=hint)
+    doc, line = locate(key_path, docs)
+    return StackError(message, file=doc.path, key=dotted(key_path), line=line, hint=hint)
 
 
 def _check_patches(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
@@ -328,10 +330,6 @@ def rule_facts(stack: ResolvedStack) -> dict[str, Any]:
     facts["patched"] = sorted({p.package for p in stack.manifest.patches})
     facts["arch.flashinfer"] = list(stack.arch.flashinfer_archs)
     return facts
-
-
-def known_gpus() -> list[str]:
-    return sorted(arch_table().gpus)
 
 
 def canonical_json(data: Any) -> str:
