@@ -8,7 +8,7 @@ CLI := $(BIN)/sm120-stacks
 STACK ?= ci-mini
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local bench clean
+.PHONY: help venv stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship clean
 
 help:
 	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml"
@@ -16,6 +16,8 @@ help:
 	@echo "make render|check STACK=NAME, make golden (regenerate golden Dockerfiles)"
 	@echo "make base-local         a Debian + Python base image made here (no registry needed)"
 	@echo "make base-cuda-local    a CUDA 13.0 devel base made here from NVIDIA's PyPI wheels"
+	@echo "make flagship-local STACK=vllm-0.22-b12x   a flagship on that base (hours on 2 cores)"
+	@echo "make bench-flagship STACK=vllm-0.22-b12x   its measurements (bench/RESULTS.md §4)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,8 +72,15 @@ base-cuda-local:
 wheels-local:
 	scripts/fetch-local-wheels.sh
 
+# Flagship stacks on a base made here (no registry needed): too long for CI, hence targets.
+flagship-local: venv
+	scripts/flagship-local.sh $(STACK)
+
 bench: venv
 	$(BIN)/python bench/render_bench.py
+
+bench-flagship: venv
+	bench/flagship.sh $(STACK)
 
 clean:
 	rm -rf build

@@ -8,8 +8,18 @@ median of each and the median of the per-pair ratios A/B, as a Markdown table:
   cold     `sm120-stacks build --no-cache`                   vs  `docker build --no-cache`
   pull     remove the image, `sm120-stacks pull`             vs  remove it, `build --no-cache`
 
-Usage: python bench/build_bench.py [--stack ci-mini] [--registry 127.0.0.1:5000] [--pairs 3]
-        [--cold-pairs 1] [--ca-bundle /etc/ssl/certs/ca-certificates.crt]
+The stack is benchmarked through a child manifest (`extends: STACK`, plus a serve port for the
+serve rows) under its own name, so its moving tag never moves the real stack's while tests run.
+
+Usage: python bench/build_bench.py [--stack ci-mini] [--stacks-dir stacks]
+        [--registry 127.0.0.1:5000] [--pairs 3] [--cold-pairs 1]
+        [--ca-bundle /etc/ssl/certs/ca-certificates.crt]
+
+A flagship built by scripts/flagship-local.sh (cold pairs would take hours, so none):
+  export SM120_STACKS_BASE_SUBSTITUTE=\
+nvidia/cuda:13.0.2-devel-ubuntu24.04=local/cuda:13.0.2-devel-bookworm
+  python bench/build_bench.py --stacks-dir build/local-stacks/stacks --stack vllm-0.22-b12x-local \
+      --cold-pairs 0
 """
 
 from __future__ import annotations
@@ -68,24 +78,23 @@ def paired(
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--stack", default="ci-mini")
+    parser.add_argument("--stacks-dir", type=Path, default=REPO_ROOT / "stacks")
     parser.add_argument("--registry", default="127.0.0.1:5000")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--cold-pairs", type=int, default=1)
     parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sm120-build-bench-"))
-    shutil.copytree(REPO_ROOT / "stacks", work / "stacks")
+    shutil.copytree(args.stacks_dir, work / "stacks")
     (work / "patches").symlink_to(REPO_ROOT / "patches")
     (work / "build").mkdir()
     (work / "build" / "wheels").symlink_to(REPO_ROOT / "build" / "wheels")
     env = {"SM120_STACKS_CA_BUNDLE": args.ca_bundle}
     client = detect_build_client()
-    # A copy under its own name: its moving tag must not move the real stack's while tests run.
-    source = (work / "stacks" / f"{args.stack}.yaml").read_text()
+    original = f"extends: {args.stack}\n"
     args.stack = f"bench-{args.stack}"
     stack_file = work / "stacks" / f"{args.stack}.yaml"
-    stack_file.write_text(source)
-    original = source
+    stack_file.write_text(original)
 
     def tool(*extra: str) -> Callable[[], float]:
         return lambda: sh([*CLI, *extra], work, env)
@@ -109,8 +118,7 @@ def main() -> None:
         return run
 
     def set_port(port: int) -> None:
-        assert "  port: 8000" in original, "the stack must spell its serve port"
-        stack_file.write_text(original.replace("  port: 8000", f"  port: {port}"))
+        stack_file.write_text(f"{original}serve:\n  port: {port}\n")
         sh([*CLI, "render", args.stack], work)
 
     rows = []
