@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -196,3 +197,36 @@ def test_a_moved_base_tag_is_noticed(ci_mini: dict[str, str], api: Any, workspac
     assert current, "the local base should be known to the engine"
     assert not _bases_moved(image, current)
     assert _bases_moved(image, dict.fromkeys(current, "sha256:" + "0" * 64))
+
+
+def test_patches_apply_inside_the_image(
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    api: Any,
+) -> None:
+    """The patches stage patches the installed package (the wheel dry-run test cannot see how
+    the Dockerfile calls patch(1): a relative --input once failed every patched stack)."""
+    patch_file = workspace / "patches" / "ci-mini" / "ninja-marker.patch"
+    digest = hashlib.sha256(patch_file.read_bytes()).hexdigest()
+    name = variant(
+        "ci-mini-patched",
+        "patches:\n"
+        "  - file: patches/ci-mini/ninja-marker.patch\n"
+        "    package: ninja\n"
+        f"    sha256: {digest}",
+    )
+    cli_process("build", name)
+    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+    output = api.containers.run(
+        local_ref(name, content_hash),
+        [
+            "sh",
+            "-c",
+            "cat /opt/venv/lib/python3.11/site-packages/ninja/_version.py"
+            " && cat /opt/sm120-stacks/patches/APPLIED",
+        ],
+        remove=True,
+    ).decode()
+    assert "# patched by sm120-stacks engine test" in output
+    assert f"{digest}  ninja-marker.patch" in output

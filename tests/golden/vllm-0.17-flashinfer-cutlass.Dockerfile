@@ -46,8 +46,8 @@ COPY patches/ /opt/sm120-stacks/patches/
 WORKDIR /opt/sm120-stacks/patches
 RUN sha256sum --check --strict SHA256SUMS \
  && site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
- && patch --forward --batch --strip=1 --directory="$site" --input=vllm-sm120-capability.patch \
- && patch --forward --batch --strip=1 --directory="$site" --input=flashinfer-sm120-moe-arch.patch \
+ && patch --forward --batch --strip=1 --directory="$site" --input=/opt/sm120-stacks/patches/vllm-sm120-capability.patch \
+ && patch --forward --batch --strip=1 --directory="$site" --input=/opt/sm120-stacks/patches/flashinfer-sm120-moe-arch.patch \
  && cp SHA256SUMS APPLIED
 WORKDIR /
 
