@@ -51,6 +51,8 @@ class TemplateContext:
     #: FlashInfer's cached_ops directory in the image, and the BuildKit cache mount behind it.
     jit_dir: str
     jit_cache_id: str
+    #: Where the compile step copies finished modules inside its own layer (see jit_cache.j2).
+    jit_staging_dir: str
     max_jobs_default: int
     jit_env: dict[str, str]
     env: dict[str, str]
@@ -146,6 +148,7 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         jit_modules=list(stack.jit_modules),
         aot_dir=f"{VENV}/lib/python{m.python.version}/site-packages/flashinfer/data/aot",
         jit_dir=jit_cached_ops_dir(stack),
+        jit_staging_dir="/opt/sm120-stacks-jit/cached_ops",
         # Not per stack: stacks that differ only in runtime settings must render identical
         # build stages, or they could not share layers. ninja tracks what each build needs.
         jit_cache_id=f"sm120-stacks-jit-{flashinfer_version(stack)}-{stack.arch.jit_arch_tag}"

@@ -45,15 +45,16 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
     TORCH_CUDA_ARCH_LIST="12.0a"
 # ninja works in a cache mount at the cache's real path, so a compile stopped after hours resumes
-# where it stopped (objects and .ninja_log survive); the next step copies the result into the layer.
+# where it stopped (objects and .ninja_log survive). The same step copies the finished modules
+# into its own layer: a cached step always has its output, even after `docker builder prune`
+# has emptied the mount (a second step reading the mount would find nothing).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
     --mount=type=cache,id=sm120-stacks-jit-0.6.11.post2-120f-py3.11,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
-    norm
-RUN --mount=type=cache,id=sm120-stacks-jit-0.6.11.post2-120f-py3.11,target=/var/cache/sm120-stacks/jit,sharing=locked \
-    mkdir -p /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops \
- && cp -a /var/cache/sm120-stacks/jit/norm /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/
+    norm \
+ && mkdir -p /opt/sm120-stacks-jit/cached_ops \
+ && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/norm /opt/sm120-stacks-jit/cached_ops/
 
 # --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
 FROM local/cuda:13.0.2-devel-bookworm AS runtime
@@ -61,6 +62,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=patched /opt/venv /opt/venv
 COPY --from=patched /opt/sm120-stacks /opt/sm120-stacks
 COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+COPY --from=jit-cache /opt/sm120-stacks-jit/cached_ops/ /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/
 # The precompiled modules also in FlashInfer's AOT directory: loaded with no ninja run at all.
 COPY --from=jit-cache /opt/venv/lib/python3.11/site-packages/flashinfer/data/aot /opt/venv/lib/python3.11/site-packages/flashinfer/data/aot
 COPY tools/ /opt/sm120-stacks/tools/

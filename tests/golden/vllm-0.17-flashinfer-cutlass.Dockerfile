@@ -62,19 +62,20 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
     TORCH_CUDA_ARCH_LIST="12.0a"
 # ninja works in a cache mount at the cache's real path, so a compile stopped after hours resumes
-# where it stopped (objects and .ninja_log survive); the next step copies the result into the layer.
+# where it stopped (objects and .ninja_log survive). The same step copies the finished modules
+# into its own layer: a cached step always has its output, even after `docker builder prune`
+# has emptied the mount (a second step reading the mount would find nothing).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
     --mount=type=cache,id=sm120-stacks-jit-0.6.5-120f-py3.12,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
-    sampling fused_moe_120 gemm_sm120 fp4_gemm_cutlass_sm120 fp4_quantization_120f
-RUN --mount=type=cache,id=sm120-stacks-jit-0.6.5-120f-py3.12,target=/var/cache/sm120-stacks/jit,sharing=locked \
-    mkdir -p /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops \
- && cp -a /var/cache/sm120-stacks/jit/sampling /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/ \
- && cp -a /var/cache/sm120-stacks/jit/fused_moe_120 /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/ \
- && cp -a /var/cache/sm120-stacks/jit/gemm_sm120 /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/ \
- && cp -a /var/cache/sm120-stacks/jit/fp4_gemm_cutlass_sm120 /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/ \
- && cp -a /var/cache/sm120-stacks/jit/fp4_quantization_120f /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/
+    sampling fused_moe_120 gemm_sm120 fp4_gemm_cutlass_sm120 fp4_quantization_120f \
+ && mkdir -p /opt/sm120-stacks-jit/cached_ops \
+ && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/sampling /opt/sm120-stacks-jit/cached_ops/ \
+ && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/fused_moe_120 /opt/sm120-stacks-jit/cached_ops/ \
+ && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/gemm_sm120 /opt/sm120-stacks-jit/cached_ops/ \
+ && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/fp4_gemm_cutlass_sm120 /opt/sm120-stacks-jit/cached_ops/ \
+ && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/fp4_quantization_120f /opt/sm120-stacks-jit/cached_ops/
 
 # --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS runtime
@@ -86,6 +87,7 @@ RUN apt-get update \
 COPY --from=patched /opt/venv /opt/venv
 COPY --from=patched /opt/sm120-stacks /opt/sm120-stacks
 COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+COPY --from=jit-cache /opt/sm120-stacks-jit/cached_ops/ /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/
 # The precompiled modules also in FlashInfer's AOT directory: loaded with no ninja run at all.
 COPY --from=jit-cache /opt/venv/lib/python3.12/site-packages/flashinfer/data/aot /opt/venv/lib/python3.12/site-packages/flashinfer/data/aot
 COPY tools/ /opt/sm120-stacks/tools/
