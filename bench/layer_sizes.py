@@ -55,12 +55,14 @@ def cache_mount_bytes(client: BuildClient, dockerfile: str) -> dict[str, int]:
         f"--mount=type=cache,id={mount_id},target=/m/{n},sharing=locked"
         for n, mount_id in enumerate(mounts)
     )
-    # Fails on purpose after printing, so the probe leaves no image behind.
+    # Fails on purpose after printing: it leaves no image behind and is never cached.
     probe = f"FROM {base.group(1)}\nRUN {flags} du -sb /m/* && false\n"
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "Dockerfile").write_text(probe)
         done = subprocess.run(
-            [*client.argv, "--no-cache", "--progress=plain", "--network", "none", tmp],
+            # Never --no-cache: BuildKit gives such a build fresh, empty cache mounts, which then
+            # shadow the real ones (the next build's compile would start from nothing).
+            [*client.argv, "--progress=plain", "--network", "none", tmp],
             env=_env(client),
             capture_output=True,
             text=True,

@@ -247,7 +247,12 @@ def _ca_bundle(value: Path | None) -> Path | None:
     default=None,
     help="Compile jobs for the JIT cache (default: the manifest's).",
 )
-@click.option("--no-cache", is_flag=True, help="Rebuild every layer.")
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Rebuild every layer. BuildKit also hands such a build fresh cache mounts, so FlashInfer "
+    "compiles start from nothing and later builds see the new mount, not the old one.",
+)
 @pass_settings
 @user_errors
 def build(

@@ -122,14 +122,18 @@ def variant(workspace: Path, api: Any) -> Iterator[Callable[[str, str], str]]:
     """Write stacks/NAME.yaml extending ci-mini; untag its images afterwards."""
     names: list[str] = []
 
-    def make(name: str, body: str) -> str:
-        (workspace / "stacks" / f"{name}.yaml").write_text(f"extends: ci-mini\n{body}\n")
-        names.append(name)
-        return name
-
-    yield make
-    for name in names:
+    def untag(name: str) -> None:
         content_hash = render(resolve(name, workspace / "stacks")).content_hash()
         for ref in (local_ref(name, content_hash), moving_ref(name)):
             with contextlib.suppress(Exception):
                 api.images.remove(ref, noprune=False)
+
+    def make(name: str, body: str) -> str:
+        (workspace / "stacks" / f"{name}.yaml").write_text(f"extends: ci-mini\n{body}\n")
+        names.append(name)
+        untag(name)  # a killed earlier run may have left its tags behind
+        return name
+
+    yield make
+    for name in names:
+        untag(name)
