@@ -138,6 +138,7 @@ def main() -> None:
     sh([*CLI, "render", args.stack], work)
     if args.cold_pairs == 0:
         _print(args.stack, rows)
+        shutil.rmtree(work, ignore_errors=True)
         return
     rows.append(
         (
