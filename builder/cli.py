@@ -7,6 +7,7 @@ escaping is a bug in this tool and keeps its traceback.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -48,11 +49,24 @@ def user_errors(func: F) -> F:
         except (BuildFailed, RegistryError) as exc:
             click.echo(f"failed: {exc}", err=True)
             sys.exit(1)
+        except Terminated:
+            click.echo("terminated", err=True)
+            sys.exit(128 + signal.SIGTERM)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
-            sys.exit(130)
+            sys.exit(128 + signal.SIGINT)
 
     return wrapper  # type: ignore[return-value]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (systemd, CI runners, `kill`) stops a build the way Ctrl-C does: the build and
+    its client are stopped and nothing is tagged. Shells start background jobs with SIGINT
+    ignored, so SIGTERM is often the only signal that reaches us."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 class Settings:
@@ -104,6 +118,7 @@ pass_settings = click.make_pass_decorator(Settings)
 @click.pass_context
 def cli(ctx: click.Context, stacks_dir: Path, build_dir: Path, substitute: tuple[str, ...]) -> None:
     """Build, test and pin vLLM + FlashInfer images for NVIDIA sm120/sm121 GPUs."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         substitutions = Substitutions.parse(substitute)
     except StackError as exc:

@@ -17,6 +17,8 @@ from rich.text import Text
 
 STEP = re.compile(r"^#(\d+) (\[[^\]]+\].*)$")
 ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
+#: The client was stopped (Ctrl-C, SIGTERM, a killed client): BuildKit cancels the running step.
+CANCELED = re.compile(r"^#(\d+) CANCELED$")
 DONE = re.compile(r"^#(\d+) (DONE|CACHED)")
 #: Inside a long step: the precompile tool's module lines and ninja's [n/N] counter.
 DETAIL = re.compile(r"^#\d+ [\d.]+ (flashinfer_jit: .*|\[\d+/\d+\] \S+)")
@@ -43,6 +45,11 @@ class StepTracker:
             title = self.titles.get(match.group(1), f"step #{match.group(1)}")
             if self.failed is None:
                 self.failed = (title, match.group(2))
+        elif match := CANCELED.match(line):
+            title = self.titles.get(match.group(1), f"step #{match.group(1)}")
+            if self.failed is None:
+                detail = f" (last: {self.detail})" if self.detail else ""
+                self.failed = (title, f"canceled{detail}")
         elif DONE.match(line):
             self.finished += 1
 

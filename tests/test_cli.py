@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from click.testing import Result
+import pytest
+from click.testing import CliRunner, Result
 
+from builder.cli import Terminated, _raise_terminated, cli, user_errors
 from builder.resolve import stack_names
 from tests.conftest import STACKS
 
@@ -66,3 +69,20 @@ def test_schema_is_json_schema_with_the_manifest_keys(run_cli: Callable[..., Res
     assert schema["$schema"].startswith("https://json-schema.org/")
     assert {"gpus", "cuda", "serve", "python", "jit_cache"} <= set(schema["properties"])
     assert schema["additionalProperties"] is False
+
+
+def test_sigterm_stops_a_command_like_ctrl_c_with_status_143() -> None:
+    @user_errors
+    def long_build() -> None:
+        _raise_terminated(signal.SIGTERM, None)
+
+    with pytest.raises(SystemExit) as stopped:
+        long_build()
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert issubclass(Terminated, KeyboardInterrupt)  # so a running build is stopped, untagged
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        CliRunner().invoke(cli, ["--stacks-dir", str(STACKS), "list"])
+        assert signal.getsignal(signal.SIGTERM) is _raise_terminated
+    finally:
+        signal.signal(signal.SIGTERM, previous)

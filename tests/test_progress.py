@@ -38,3 +38,12 @@ def test_plain_progress_echoes_every_line() -> None:
         for line in LOG.splitlines():
             progress.line(line)
     assert stream.getvalue() == LOG
+
+
+def test_a_canceled_build_names_the_step_and_where_the_compile_was() -> None:
+    tracker = StepTracker()
+    for line in LOG.splitlines()[:5] + ["#12 CANCELED"]:
+        tracker.feed(line)
+    assert tracker.failed is not None
+    assert tracker.failed[0].startswith("[jit-cache 1/1]")
+    assert tracker.failed[1].startswith("canceled (last: [37/97]")
