@@ -71,7 +71,7 @@ def test_schema_is_json_schema_with_the_manifest_keys(run_cli: Callable[..., Res
     assert schema["additionalProperties"] is False
 
 
-def test_sigterm_stops_a_command_like_ctrl_c_with_status_143() -> None:
+def test_sigterm_and_ctrl_c_stop_a_command_with_their_exit_status() -> None:
     @user_errors
     def long_build() -> None:
         _raise_terminated(signal.SIGTERM, None)
@@ -79,6 +79,14 @@ def test_sigterm_stops_a_command_like_ctrl_c_with_status_143() -> None:
     with pytest.raises(SystemExit) as stopped:
         long_build()
     assert stopped.value.code == 128 + signal.SIGTERM
+
+    @user_errors
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stopped:
+        ctrl_c()
+    assert stopped.value.code == 128 + signal.SIGINT
     assert issubclass(Terminated, KeyboardInterrupt)  # so a running build is stopped, untagged
     previous = signal.getsignal(signal.SIGTERM)
     try:
