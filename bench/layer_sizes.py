@@ -40,7 +40,7 @@ def layers(api: Any, ref: str) -> list[tuple[int, str]]:
 def build_single_stage(client: BuildClient, context: Path, tag: str, ca_bundle: str) -> None:
     argv = [*client.argv, "--network", "host", "--target", SINGLE_STAGE_TARGET]
     argv += ["--secret", f"id=proxy-ca,src={ca_bundle}", "--tag", tag, str(context)]
-    subprocess.run(argv, env=_env(client), check=True, capture_output=True)
+    subprocess.run(argv, env={**os.environ, **client.env}, check=True, capture_output=True)
 
 
 def cache_mount_bytes(client: BuildClient, dockerfile: str) -> dict[str, int]:
@@ -63,16 +63,12 @@ def cache_mount_bytes(client: BuildClient, dockerfile: str) -> dict[str, int]:
             # Never --no-cache: BuildKit gives such a build fresh, empty cache mounts, which then
             # shadow the real ones (the next build's compile would start from nothing).
             [*client.argv, "--progress=plain", "--network", "none", tmp],
-            env=_env(client),
+            env={**os.environ, **client.env},
             capture_output=True,
             text=True,
         )
     sizes = {n: size for size, n in re.findall(r"(\d+)\s+/m/(\d+)\n", done.stderr)}
     return {mount_id: int(sizes.get(str(n), 0)) for n, mount_id in enumerate(mounts)}
-
-
-def _env(client: BuildClient) -> dict[str, str]:
-    return {**os.environ, **client.env}
 
 
 def main() -> None:

@@ -42,16 +42,18 @@ class StepTracker:
         elif match := DETAIL.match(line):
             self.detail = match.group(1)
         elif match := ERROR.match(line):
-            title = self.titles.get(match.group(1), f"step #{match.group(1)}")
-            if self.failed is None:
-                self.failed = (title, match.group(2))
+            self._fail(match.group(1), match.group(2))
         elif match := CANCELED.match(line):
-            title = self.titles.get(match.group(1), f"step #{match.group(1)}")
-            if self.failed is None:
-                detail = f" (last: {self.detail})" if self.detail else ""
-                self.failed = (title, f"canceled{detail}")
+            self._fail(
+                match.group(1), f"canceled (last: {self.detail})" if self.detail else "canceled"
+            )
         elif DONE.match(line):
             self.finished += 1
+
+    def _fail(self, step_id: str, reason: str) -> None:
+        """Keep the first failure: later ones are BuildKit cancelling the steps beside it."""
+        if self.failed is None:
+            self.failed = (self.titles.get(step_id, f"step #{step_id}"), reason)
 
 
 class Progress:
