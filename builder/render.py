@@ -41,6 +41,10 @@ class TemplateContext:
     python_version: str
     build_apt_packages: list[str]
     runtime_apt_packages: list[str]
+    #: Build and runtime bases are the same image: the runtime stage continues from jit-cache
+    #: instead of copying /opt/venv over, which would merge torch and every other package into
+    #: one layer and keep the venv twice in the build cache (bench/RESULTS.md §4).
+    runtime_from_build: bool
     heavy_packages: list[str]
     pip_flags: str
     wheels: list[str]
@@ -133,13 +137,18 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         "FLASHINFER_WORKSPACE_BASE": JIT_WORKSPACE,
         "FLASHINFER_NVCC_THREADS": str(build.nvcc_threads),
     }
+    build_base = base_reference(stack, lock, "build")
+    runtime_base = base_reference(stack, lock, "runtime")
+    runtime_from_build = build_base == runtime_base
+    runtime_apt = [p for p in build.runtime_apt_packages if not (runtime_from_build and p in apt)]
     return TemplateContext(
         stack=stack.name,
-        build_base=base_reference(stack, lock, "build"),
-        runtime_base=base_reference(stack, lock, "runtime"),
+        build_base=build_base,
+        runtime_base=runtime_base,
         python_version=m.python.version,
         build_apt_packages=apt,
-        runtime_apt_packages=list(build.runtime_apt_packages),
+        runtime_apt_packages=runtime_apt,
+        runtime_from_build=runtime_from_build,
         heavy_packages=[p for p in m.python.heavy if p in m.python.packages],
         pip_flags="--find-links /opt/sm120-stacks/wheels " if m.python.wheels else "",
         wheels=[Path(w).name for w in m.python.wheels],

@@ -127,3 +127,26 @@ def test_stacks_differing_only_at_runtime_render_identical_build_instructions(
         return [line for line in lines[:cut] if not line.startswith("#")]
 
     assert instructions("child") == instructions("vllm-0.22-marlin")
+
+
+def test_runtime_continues_from_the_build_only_when_the_bases_are_the_same(
+    stacks_dir: Path,
+) -> None:
+    """Same base: no second copy of the venv (torch stays a layer of its own). Another runtime
+    base: the venv, the tools and the JIT cache are copied over, and its apt packages installed."""
+    (stacks_dir / "slim.yaml").write_text(
+        "extends: vllm-0.22-marlin\n"
+        "bases: {runtime: {image: 'nvidia/cuda:13.0.2-runtime-ubuntu24.04'}}\n"
+    )
+    same = render(resolve("vllm-0.22-marlin", stacks_dir)).dockerfile
+    other = render(resolve("slim", stacks_dir)).dockerfile
+    assert "FROM jit-cache AS runtime" in same
+    assert "COPY --from=patched /opt/venv" not in same
+    assert same.count("apt-get install") == 1, "the build stage already installed them"
+    assert "FROM nvidia/cuda:13.0.2-runtime-ubuntu24.04 AS runtime" in other
+    assert "COPY --from=patched /opt/venv /opt/venv" in other
+    aot = "/opt/venv/lib/python3.12/site-packages/flashinfer/data/aot"
+    assert f"COPY --from=jit-cache {aot} {aot}" in other
+    assert other.count("apt-get install") == 2
+    for dockerfile in (same, other):
+        assert "COPY --from=jit-cache /opt/sm120-stacks-jit/cached_ops/" in dockerfile

@@ -60,18 +60,10 @@ RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/to
  && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/fp4_gemm_cutlass_sm120 /opt/sm120-stacks-jit/cached_ops/
 
 # --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
-FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS runtime
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# hadolint ignore=DL3008
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3.12 python3.12-venv ca-certificates \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=patched /opt/venv /opt/venv
-COPY --from=patched /opt/sm120-stacks /opt/sm120-stacks
-COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+# Same base image as the build: continue from jit-cache, so torch keeps its own layer (shared with
+# the build, stored once) and a change of any other pin does not re-ship it.
+FROM jit-cache AS runtime
 COPY --from=jit-cache /opt/sm120-stacks-jit/cached_ops/ /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/
-# The precompiled modules also in FlashInfer's AOT directory: loaded with no ninja run at all.
-COPY --from=jit-cache /opt/venv/lib/python3.12/site-packages/flashinfer/data/aot /opt/venv/lib/python3.12/site-packages/flashinfer/data/aot
 COPY tools/ /opt/sm120-stacks/tools/
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
