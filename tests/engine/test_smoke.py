@@ -37,6 +37,9 @@ from builder.smoke import (
 )
 from tests.support.tinymodel import make_tiny_model
 
+#: The harness labels its containers so that a test can find the one it started.
+SMOKE_LABEL = {"label": "sm120-stacks.smoke"}
+
 pytestmark = pytest.mark.engine
 
 RIGHT = "The capital of Kentucky is Frankfort."
@@ -166,7 +169,8 @@ def test_a_server_killed_while_serving_is_reported_dead(
     api: Any,
 ) -> None:
     """As a CUDA fault kills a real server: SIGKILL once the first chat request is logged."""
-    killer = threading.Thread(target=kill_when_serving, daemon=True)
+    earlier = {c.id for c in api.containers.list(all=True, filters=SMOKE_LABEL)}
+    killer = threading.Thread(target=kill_when_serving, args=(earlier,), daemon=True)
     killer.start()
     report = smoke(api, ci_mini, smoke_stack, models["trained"], tmp_path)
     killer.join(timeout=5)
@@ -177,15 +181,24 @@ def test_a_server_killed_while_serving_is_reported_dead(
     assert not report.passed
 
 
-def kill_when_serving() -> None:
-    """Its own engine client: the harness's client is busy in another thread."""
+def kill_when_serving(earlier: set[str]) -> None:
+    """Its own engine client: the harness's client is busy in another thread. Containers in
+    `earlier` are skipped: an earlier test's may still be on its way out, and asking for its logs
+    then fails (409), which once ended this thread before it killed anything."""
+    from docker.errors import APIError
+
     own = engine_api()
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
-        for container in own.containers.list(filters={"label": "sm120-stacks.smoke"}):
-            if b"POST /v1/chat/completions" in container.logs():
-                container.kill()
-                return
+        for container in own.containers.list(filters=SMOKE_LABEL):
+            if container.id in earlier:
+                continue
+            try:
+                if b"POST /v1/chat/completions" in container.logs():
+                    container.kill()
+                    return
+            except APIError:
+                continue
         time.sleep(0.2)
 
 
