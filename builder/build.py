@@ -93,6 +93,7 @@ def build_stack(
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{content_tag(stack.name, content_hash)}.log"
     command_path = logs / f"{content_tag(stack.name, content_hash)}.command.sh"
+    _keep_previous(log_path)
     if options.max_jobs is None and stack.manifest.build.max_jobs == "auto":
         options = replace(options, max_jobs=auto_max_jobs(stack))
     with tempfile.TemporaryDirectory(prefix="sm120-build-") as scratch:
@@ -118,6 +119,13 @@ def build_stack(
         log_path,
         command_path,
     )
+
+
+def _keep_previous(log_path: Path) -> None:
+    """A retry of the same content hash (after an interruption, or a failed compile) would
+    overwrite the log that says what went wrong; the attempt before it stays as `.log.1`."""
+    if log_path.exists():
+        log_path.replace(log_path.with_name(log_path.name + ".1"))
 
 
 def local_base_ids(api: Any, stack: ResolvedStack) -> dict[str, str]:

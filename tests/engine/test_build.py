@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import pytest
 
-from builder.images import local_ref, moving_ref
+from builder.images import content_tag, local_ref, moving_ref
 from builder.render import render
 from builder.resolve import resolve
 
@@ -137,6 +137,9 @@ def test_interrupted_build_leaves_no_tag_and_the_next_build_resumes(
         resumed.stderr
     ), "the heavy layer should come from the cache"
     assert api.images.get(local_ref(name, content_hash))
+    log = workspace / "build" / name / "logs" / f"{content_tag(name, content_hash)}.log"
+    assert "build interrupted" in log.with_name(log.name + ".1").read_text(), "attempt 1 kept"
+    assert "build interrupted" not in log.read_text()
 
 
 def test_secrets_are_in_no_layer_and_no_history(
