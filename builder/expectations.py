@@ -34,7 +34,8 @@ class Expectations:
     nvcc_wheel: str | None
     patches: list[PatchExpectation]
     jit_modules: list[str]
-    cubin_archs: list[str]
+    #: module -> the archs its device code must include.
+    module_archs: dict[str, list[str]]
     cmd: list[str]
     port: int
     jit_workspace: str
@@ -65,7 +66,7 @@ def expectations(stack: ResolvedStack, content_hash: str) -> Expectations:
             for p in m.patches
         ],
         jit_modules=list(stack.jit_modules),
-        cubin_archs=list(stack.arch.cubin_archs),
+        module_archs=stack.module_archs(),
         cmd=serve_argv(stack),
         port=m.serve.port,
         jit_workspace=JIT_WORKSPACE,

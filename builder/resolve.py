@@ -55,6 +55,15 @@ class ResolvedStack:
         }
         return data
 
+    def module_archs(self) -> dict[str, list[str]]:
+        """The device code each precompiled module must hold: the stack's cubin archs, unless
+        the module's generator hard-codes its own (knowledge/flashinfer_modules.yaml)."""
+        known = jit_modules_known()
+        return {
+            name: list(known[name].fixed_archs or self.arch.cubin_archs)
+            for name in self.jit_modules
+        }
+
     def local_file(self, path: str) -> Path:
         """A file the manifest names: relative to the repository root, or absolute."""
         return self.repo_root / path
@@ -78,6 +87,8 @@ class JitModule(BaseModel):
     args: list[str] = Field(default_factory=list)
     peak_gb: float
     used_by: str
+    #: Archs the generator always builds for, whatever FLASHINFER_CUDA_ARCH_LIST says.
+    fixed_archs: list[str] = Field(default_factory=list)
 
 
 class _ModuleFile(BaseModel):

@@ -147,12 +147,13 @@ def cache_table(api: Any, stack: ResolvedStack, image_ref: str) -> list[CacheRow
         return []
     tool = "/opt/sm120-stacks/tools/flashinfer_jit.py"
     output = _run_capture(api, image_ref, ["python", tool, "verify", *stack.jit_modules])
+    expected = stack.module_archs()
     rows = []
     for line in output.splitlines():
         if line.startswith("{"):
             data = json.loads(line)
             status = data["status"]
-            missing = set(stack.arch.cubin_archs) - set(data.get("archs", []))
+            missing = set(expected.get(data["module"], [])) - set(data.get("archs", []))
             if status == "hit" and missing:
                 status = "wrong-arch"
             rows.append(

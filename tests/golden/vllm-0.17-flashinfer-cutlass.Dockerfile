@@ -69,13 +69,13 @@ RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/to
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
     --mount=type=cache,id=sm120-stacks-jit-0.6.5-120f-py3.12,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
-    sampling fused_moe_120 gemm_sm120 fp4_gemm_cutlass_sm120 fp4_quantization_120f \
+    sampling fused_moe_120 gemm_sm120 fp4_gemm_cutlass_sm120 fp4_quantization_120 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \
  && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/sampling /opt/sm120-stacks-jit/cached_ops/ \
  && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/fused_moe_120 /opt/sm120-stacks-jit/cached_ops/ \
  && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/gemm_sm120 /opt/sm120-stacks-jit/cached_ops/ \
  && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/fp4_gemm_cutlass_sm120 /opt/sm120-stacks-jit/cached_ops/ \
- && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/fp4_quantization_120f /opt/sm120-stacks-jit/cached_ops/
+ && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f/cached_ops/fp4_quantization_120 /opt/sm120-stacks-jit/cached_ops/
 
 # --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
 # Same base image as the build: continue from jit-cache, so torch keeps its own layer (shared with
