@@ -52,8 +52,13 @@ class TemplateContext:
     patches: list[dict[str, Any]]
     jit_modules: list[str]
     aot_dir: str
-    #: FlashInfer's cached_ops directory in the image, and the BuildKit cache mount behind it.
+    #: FlashInfer's cached_ops directory in the image.
     jit_dir: str
+    #: Its parent, FlashInfer's per-version, per-arch workspace: the BuildKit cache mount. It
+    #: holds generated/ too, the CUTLASS instantiations some generators write: outside the mount
+    #: they were written afresh by every run, and ninja recompiled each object built from them
+    #: (63 of fused_moe_120's 90 steps after an interruption, found on the 0.17 stack).
+    jit_workspace_dir: str
     jit_cache_id: str
     #: Where the compile step copies finished modules inside its own layer (see jit_cache.j2).
     jit_staging_dir: str
@@ -157,10 +162,11 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         jit_modules=list(stack.jit_modules),
         aot_dir=f"{VENV}/lib/python{m.python.version}/site-packages/flashinfer/data/aot",
         jit_dir=jit_cached_ops_dir(stack),
+        jit_workspace_dir=jit_cached_ops_dir(stack).removesuffix("/cached_ops"),
         jit_staging_dir="/opt/sm120-stacks-jit/cached_ops",
         # Not per stack: stacks that differ only in runtime settings must render identical
         # build stages, or they could not share layers. ninja tracks what each build needs.
-        jit_cache_id=f"sm120-stacks-jit-{flashinfer_version(stack)}-{stack.arch.jit_arch_tag}"
+        jit_cache_id=f"sm120-stacks-jitws-{flashinfer_version(stack)}-{stack.arch.jit_arch_tag}"
         f"-py{m.python.version}",
         max_jobs_default=max_jobs_default,
         jit_env=dict(sorted(jit_env.items())),

@@ -8,51 +8,19 @@ The wheels are cached under build/wheel-cache/ between runs.
 from __future__ import annotations
 
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from builder import REPO_ROOT
 from builder.expectations import added_lines
 from builder.resolve import resolve, stack_names
 from tests.conftest import STACKS
-
-CACHE = REPO_ROOT / "build" / "wheel-cache"
+from tests.support.wheels import pinned_wheel
 
 
 def _patched_stacks() -> list[str]:
     return [n for n in stack_names(STACKS) if resolve(n, STACKS).manifest.patches]
-
-
-def _wheel(package: str, version: str) -> Path:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    stem = package.replace("-", "_")
-    found = [p for p in CACHE.glob(f"{stem}-{version}-*.whl")]
-    if not found:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--platform",
-                "manylinux_2_31_x86_64",
-                "--python-version",
-                "3.12",
-                "-d",
-                str(CACHE),
-                f"{package}=={version}",
-            ],
-            check=True,
-        )
-        found = list(CACHE.glob(f"{stem}-{version}-*.whl"))
-    assert len(found) == 1, found
-    return found[0]
 
 
 @pytest.mark.parametrize("name", _patched_stacks())
@@ -61,7 +29,7 @@ def test_patches_apply_to_the_pinned_wheels(name: str, tmp_path: Path) -> None:
     python = stack.manifest.python
     pins = {**python.packages, **python.overrides}
     for patch in stack.manifest.patches:
-        wheel = _wheel(patch.package, pins[patch.package].version)
+        wheel = pinned_wheel(patch.package, pins[patch.package].version)
         patch_file = stack.local_file(patch.file)
         targets = added_lines(patch_file.read_text(), patch.strip)
         site = tmp_path / patch.package

@@ -150,3 +150,15 @@ def test_runtime_continues_from_the_build_only_when_the_bases_are_the_same(
     assert other.count("apt-get install") == 2
     for dockerfile in (same, other):
         assert "COPY --from=jit-cache /opt/sm120-stacks-jit/cached_ops/" in dockerfile
+
+
+def test_the_compile_cache_mount_covers_generated_sources_as_well_as_objects() -> None:
+    """FlashInfer writes CUTLASS instantiations to <workspace>/generated and objects to
+    <workspace>/cached_ops; with only cached_ops in the mount, each resumed build rewrote the
+    sources and ninja recompiled every object built from them."""
+    dockerfile = rendered_dockerfile("vllm-0.17-flashinfer-cutlass")
+    target = re.search(r"--mount=type=cache,id=sm120-stacks-jit[^,]*,target=([^,]+),", dockerfile)
+    assert target, "the compile step has no cache mount"
+    workspace = "/opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f"
+    assert target.group(1) == workspace
+    assert f"cp -a {workspace}/cached_ops/fused_moe_120 " in dockerfile

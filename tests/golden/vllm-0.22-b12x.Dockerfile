@@ -46,13 +46,14 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
     FLASHINFER_NVCC_THREADS="1" \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
     TORCH_CUDA_ARCH_LIST="12.0a"
-# ninja works in a cache mount at the cache's real path, so a compile stopped after hours resumes
-# where it stopped (objects and .ninja_log survive). The same step copies the finished modules
-# into its own layer, so a cached step always has its output: the mount can be gone or replaced
-# by then (`docker builder prune`; a --no-cache build with the same id gets a fresh one).
+# ninja works in a cache mount at FlashInfer's real workspace path, so a compile stopped after
+# hours resumes where it stopped (objects, .ninja_log and the generated sources they depend on
+# survive). The same step copies the finished modules into its own layer, so a cached step
+# always has its output: the mount can be gone or replaced by then (`docker builder prune`; a
+# --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-jit-0.6.11.post2-120f-py3.12,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-jitws-0.6.11.post2-120f-py3.12,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling fp4_gemm_cutlass_sm120 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \
