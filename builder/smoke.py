@@ -55,6 +55,10 @@ THROUGHPUT_PROMPT = "Write a short essay about the history of the printing press
 THROUGHPUT_MAX_TOKENS = 128
 REQUEST_TIMEOUT_S = (10.0, 300.0)
 POLL_S = 1.0
+#: After a failed request, how long a container may still read "running" before it counts as
+#: alive: a killed server's requests fail at once, while the engine records its exit a moment
+#: later (longer on a loaded machine), and a dead server must not pass "server stays up".
+DEATH_SETTLE_S = 5.0
 LOG_TAIL_LINES = 25
 
 
@@ -286,10 +290,20 @@ class _Server:
     def check_alive(self) -> None:
         if self.died:
             return
-        if self._running():
+        failed = any(c.error for c in self.report.completions)
+        if self._still_running(DEATH_SETTLE_S if failed else 0.0):
             self.report.add(CHECK_UP, True, "still running after the smoke requests")
         else:
             self._record_death("while serving")
+
+    def _still_running(self, settle_s: float) -> bool:
+        """Running now and for settle_s more (see DEATH_SETTLE_S)."""
+        deadline = time.monotonic() + settle_s
+        while self._running():
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.2)
+        return False
 
     def _running(self) -> bool:
         self.container.reload()
@@ -350,7 +364,7 @@ class _Server:
 
     def _gave_up(self, completions: list[Completion]) -> bool:
         """A failed request may mean a dead server: stop asking, say so once."""
-        if any(c.error for c in completions) and not self._running():
+        if any(c.error for c in completions) and not self._still_running(DEATH_SETTLE_S):
             self._record_death("while serving")
             return True
         return False
