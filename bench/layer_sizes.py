@@ -1,4 +1,4 @@
-"""Image size by layer: a stack's shipped (multi-stage) image against a single-stage build.
+"""Image size by layer: a stack's shipped image against a single-stage build of the same packages.
 
 The single-stage image is the rendered Dockerfile built only up to its `jit-cache` stage: the
 same base, apt packages (with the -dev headers the build needs), the same pinned venv in the
@@ -85,7 +85,7 @@ def main() -> None:
     one_stage = layers(api, single)
     print(f"\n{args.stack}: layers of the shipped image (A) and of a single-stage build (B)\n")
     print("| image | bytes | layer |\n|---|---|---|")
-    for name, rows in (("A multi-stage", shipped), ("B single-stage", one_stage)):
+    for name, rows in (("A shipped", shipped), ("B single-stage", one_stage)):
         for size, what in rows:
             if size:
                 print(f"| {name} | {size / 1e9:.3f} GB | `{what.replace('|', '/')}` |")
