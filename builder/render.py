@@ -162,12 +162,12 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         jit_modules=list(stack.jit_modules),
         aot_dir=f"{VENV}/lib/python{m.python.version}/site-packages/flashinfer/data/aot",
         jit_dir=jit_cached_ops_dir(stack),
-        jit_workspace_dir=jit_cached_ops_dir(stack).removesuffix("/cached_ops"),
+        jit_workspace_dir=flashinfer_workspace_dir(stack),
         jit_staging_dir="/opt/sm120-stacks-jit/cached_ops",
         # Not per stack: stacks that differ only in runtime settings must render identical
         # build stages, or they could not share layers. ninja tracks what each build needs.
-        jit_cache_id=f"sm120-stacks-jitws-{flashinfer_version(stack)}-{stack.arch.jit_arch_tag}"
-        f"-py{m.python.version}",
+        jit_cache_id=f"sm120-stacks-flashinfer-workspace-{flashinfer_version(stack)}"
+        f"-{stack.arch.jit_arch_tag}-py{m.python.version}",
         max_jobs_default=max_jobs_default,
         jit_env=dict(sorted(jit_env.items())),
         env=dict(sorted(m.env.items())),
@@ -178,11 +178,16 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
     )
 
 
-def jit_cached_ops_dir(stack: ResolvedStack) -> str:
-    """Where FlashInfer keeps this stack's JIT cache: <workspace>/.cache/flashinfer/<version>/
-    <arch tag>/cached_ops (flashinfer/jit/env.py)."""
+def flashinfer_workspace_dir(stack: ResolvedStack) -> str:
+    """FlashInfer's per-version, per-arch workspace: <base>/.cache/flashinfer/<version>/<arch
+    tag>, holding cached_ops/ and generated/ (flashinfer/jit/env.py)."""
     version = flashinfer_version(stack)
-    return f"{JIT_WORKSPACE}/.cache/flashinfer/{version}/{stack.arch.jit_arch_tag}/cached_ops"
+    return f"{JIT_WORKSPACE}/.cache/flashinfer/{version}/{stack.arch.jit_arch_tag}"
+
+
+def jit_cached_ops_dir(stack: ResolvedStack) -> str:
+    """Where FlashInfer keeps this stack's compiled modules."""
+    return f"{flashinfer_workspace_dir(stack)}/cached_ops"
 
 
 def flashinfer_version(stack: ResolvedStack) -> str:

@@ -157,7 +157,9 @@ def test_the_compile_cache_mount_covers_generated_sources_as_well_as_objects() -
     <workspace>/cached_ops; with only cached_ops in the mount, each resumed build rewrote the
     sources and ninja recompiled every object built from them."""
     dockerfile = rendered_dockerfile("vllm-0.17-flashinfer-cutlass")
-    target = re.search(r"--mount=type=cache,id=sm120-stacks-jit[^,]*,target=([^,]+),", dockerfile)
+    target = re.search(
+        r"--mount=type=cache,id=sm120-stacks-flashinfer[^,]*,target=([^,]+),", dockerfile
+    )
     assert target, "the compile step has no cache mount"
     workspace = "/opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f"
     assert target.group(1) == workspace

@@ -13,9 +13,10 @@ CACHE = REPO_ROOT / "build" / "wheel-cache"
 
 
 def pinned_wheel(package: str, version: str) -> Path:
+    """The wheel of package==version for the stacks' platform (manylinux x86_64, Python 3.12)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     stem = package.replace("-", "_")
-    found = [p for p in CACHE.glob(f"{stem}-{version}-*.whl")]
+    found = list(CACHE.glob(f"{stem}-{version}-*.whl"))
     if not found:
         subprocess.run(
             [
