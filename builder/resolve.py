@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from builder.archflags import ArchFlags, derive
+from builder.archflags import ArchFlags, arch_table, derive
 from builder.errors import StackError
 from builder.knowledge import locate, parse_document, read_knowledge, validation_error
 from builder.manifest import Manifest
@@ -63,6 +63,21 @@ class ResolvedStack:
             name: list(known[name].fixed_archs or self.arch.cubin_archs)
             for name in self.jit_modules
         }
+
+    def fixed_arch_gaps(self) -> list[str]:
+        """`module: gpu` for each precompiled module whose generator hard-codes archs that
+        none of the stack's GPUs' capability matches: that GPU would get no device code from
+        the cache and JIT-compile (or fail) at first use, which the image test cannot see."""
+        known = jit_modules_known()
+        table = arch_table()
+        gaps = []
+        for name in self.jit_modules:
+            fixed = known[name].fixed_archs
+            for gpu in self.manifest.gpus:
+                digits = "sm_" + table.gpus[gpu].capability.replace(".", "")
+                if fixed and not any(arch.rstrip("af") == digits for arch in fixed):
+                    gaps.append(f"{name}: {gpu}")
+        return gaps
 
     def local_file(self, path: str) -> Path:
         """A file the manifest names: relative to the repository root, or absolute."""
@@ -340,6 +355,7 @@ def rule_facts(stack: ResolvedStack) -> dict[str, Any]:
         facts[f"pins.{package}"] = pin.version
     facts["patched"] = sorted({p.package for p in stack.manifest.patches})
     facts["arch.flashinfer"] = list(stack.arch.flashinfer_archs)
+    facts["jit.fixed_arch_gaps"] = stack.fixed_arch_gaps() or None
     return facts
 
 

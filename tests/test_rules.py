@@ -67,6 +67,10 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "cuda13-driver-minimum": ("vllm-0.22-marlin", "host_driver: '575.57.08'"),
     "b12x-needs-cuda13": ("vllm-0.22-b12x", "cuda: '12.9.1'"),
     "b12x-backend-needs-vllm-0.22": ("vllm-0.22-b12x", "python: {packages: {vllm: 0.21.0}}"),
+    "precompiled-module-fixed-arch-misses-a-gpu": (
+        "vllm-0.17-flashinfer-cutlass",
+        "gpus: [sm120, sm121]",
+    ),
 }
 
 
@@ -98,3 +102,13 @@ def test_arch_flags_derive_per_consumer() -> None:
     old = derive(["sm120"], "12.8.1")
     assert old.env["FLASHINFER_CUDA_ARCH_LIST"] == "12.0a"
     assert derive(["sm90"], "13.0.2").env["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a"
+
+
+def test_fixed_arch_gaps_name_the_module_and_the_gpu(stacks_dir: Path) -> None:
+    (stacks_dir / "variant.yaml").write_text(
+        "extends: vllm-0.17-flashinfer-cutlass\ngpus: [sm120, sm121]\n"
+    )
+    assert resolve("variant", stacks_dir).fixed_arch_gaps() == ["fp4_quantization_120: sm121"]
+    # The 0.22 stacks' quantizer follows the arch list (fp4_quantization_120f): no gap.
+    (stacks_dir / "variant.yaml").write_text("extends: vllm-0.22-b12x\ngpus: [sm120, sm121]\n")
+    assert resolve("variant", stacks_dir).fixed_arch_gaps() == []
