@@ -107,7 +107,7 @@ def build_stack(
     image.tag(ref)
     image.tag(moving_ref(stack.name))
     record = load_record(build_dir, stack.name, content_hash)
-    record.image_id = image_id
+    record.attach_image(image_id)
     save_record(build_dir, record)
     return BuildOutcome(
         stack.name,
@@ -166,6 +166,8 @@ def build_argv(
         "--progress=plain",
         "--network",
         options.network,
+        "--platform",
+        stack.manifest.platform,
         "--target",
         TARGET_STAGE,
         "--iidfile",

@@ -61,7 +61,7 @@ def pull_stack(stack: ResolvedStack, build_dir: Path, api: Any, registry: Regist
     image.tag(local_ref(stack.name, content_hash))
     image.tag(moving_ref(stack.name))
     record = load_record(build_dir, stack.name, content_hash)
-    record.image_id = image.id
+    record.attach_image(image.id)
     save_record(build_dir, record)
     return local_ref(stack.name, content_hash)
 

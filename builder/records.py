@@ -27,6 +27,15 @@ class Record:
     #: registry repository -> pushed digest (repo@sha256:...).
     pushed: dict[str, str] = field(default_factory=dict)
 
+    def attach_image(self, image_id: str) -> None:
+        """A rebuild of the same content hash (a moved base, --no-cache) or a pull can give a
+        different image: what was tested or pushed was the old one, so that is forgotten."""
+        if self.image_id is not None and self.image_id != image_id:
+            self.tests = None
+            self.report = None
+            self.pushed = {}
+        self.image_id = image_id
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -71,7 +71,9 @@ def push(api: Any, registry: Registry, local_ref: str, stack: str, content_hash:
             stream = api.api.push(registry.repository, tag=tag, stream=True, decode=True)
             return _check_stream(stream, "push", tag)
 
-        digest = digest or _with_retries(registry, push_tag)
+        # Every tag is sent (the moving tag too); the digest is the same image's for both.
+        pushed = _with_retries(registry, push_tag)
+        digest = digest or pushed
     if not digest:
         raise RegistryError(f"push to {registry.repository} reported no digest")
     return f"{registry.repository}@{digest}"

@@ -355,6 +355,8 @@ def rule_facts(stack: ResolvedStack) -> dict[str, Any]:
         facts[f"pins.{package}"] = pin.version
     facts["patched"] = sorted({p.package for p in stack.manifest.patches})
     facts["arch.flashinfer"] = list(stack.arch.flashinfer_archs)
+    if stack.manifest.serve.engine == "vllm" and stack.manifest.serve.moe_backend is None:
+        facts["serve.moe_backend"] = "auto"  # no --moe-backend: vLLM picks, as with auto
     facts["jit.fixed_arch_gaps"] = stack.fixed_arch_gaps() or None
     return facts
 

@@ -83,6 +83,11 @@ def load_yaml(path: Path) -> YamlDocument:
         node = yaml.compose(text, Loader=_NoAliasLoader)
     except _YamlRefusal as exc:
         raise StackError(str(exc), file=path, line=exc.line, hint=exc.hint) from None
+    except RecursionError:
+        # PyYAML's composer recurses per level before _build can count them.
+        raise StackError(
+            f"nesting deeper than {MAX_DEPTH} levels", file=path, hint="flatten the manifest"
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"

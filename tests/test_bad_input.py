@@ -64,6 +64,8 @@ CASES: list[tuple[str, Any, str]] = [
     ("empty", "", "empty"),
     ("top-level-list", "- a\n- b\n", "mapping"),
     ("unknown-gpu", _with(("gpus",), ["sm130"]), "gpus[0]"),
+    ("deep-nesting", "a: " + "[" * 2000, "nesting deeper"),
+    ("version-word", _with(("python", "packages", "vllm"), "latest"), "python.packages.vllm"),
 ]
 
 

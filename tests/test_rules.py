@@ -104,6 +104,14 @@ def test_arch_flags_derive_per_consumer() -> None:
     assert derive(["sm90"], "13.0.2").env["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a"
 
 
+def test_an_unset_moe_backend_is_vllm_auto(stacks_dir: Path) -> None:
+    """No --moe-backend lets vLLM 0.17 pick its native CUTLASS MoE: the garbage-output rule."""
+    (stacks_dir / "variant.yaml").write_text(
+        "extends: vllm-0.17-flashinfer-cutlass\nserve: {moe_backend: null}\n"
+    )
+    assert "vllm-native-cutlass-nvfp4-moe-garbage-sm120" in _fired(stacks_dir, "variant")
+
+
 def test_fixed_arch_gaps_name_the_module_and_the_gpu(stacks_dir: Path) -> None:
     (stacks_dir / "variant.yaml").write_text(
         "extends: vllm-0.17-flashinfer-cutlass\ngpus: [sm120, sm121]\n"

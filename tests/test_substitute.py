@@ -26,7 +26,7 @@ def test_exact_substitution_renders_hashes_and_labels() -> None:
     substituted = render(stack)
     assert f"FROM {LOCAL} AS toolchain" in substituted.dockerfile
     # Both roles substituted alike, so the runtime still continues from the build.
-    assert "FROM jit-cache AS runtime" in substituted.dockerfile
+    assert "FROM patched AS runtime" in substituted.dockerfile
     assert ORIGINAL not in substituted.dockerfile
     assert substituted.content_hash() != plain.content_hash()
     assert render(resolve("vllm-0.22-b12x", STACKS, subs)).content_hash() == (

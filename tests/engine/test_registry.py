@@ -29,6 +29,9 @@ def test_push_remove_then_pull_or_build_pulls_without_building(
     digest_ref = pushed.stdout.strip()
     assert digest_ref.startswith(f"{registry.repository}@sha256:")
     assert has_image(api, registry, "ci-mini", ci_mini["hash"])
+    # The moving tag reached the registry too, as the same image.
+    moving = api.api.inspect_distribution(registry.ref("ci-mini"))
+    assert f"{registry.repository}@{moving['Descriptor']['digest']}" == digest_ref
     image_id = api.images.get(ci_mini["ref"]).id
     for ref in [
         ci_mini["ref"],

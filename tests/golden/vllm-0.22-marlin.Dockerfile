@@ -61,9 +61,14 @@ RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/to
  && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/fp4_gemm_cutlass_sm120 /opt/sm120-stacks-jit/cached_ops/
 
 # --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
-# Same base image as the build: continue from jit-cache, so torch keeps its own layer (shared with
-# the build, stored once) and a change of any other pin does not re-ship it.
-FROM jit-cache AS runtime
+# Same base image as the build: continue from the patched packages, so torch keeps its own layer
+# (shared with the build, stored once) and a change of any other pin does not re-ship it. Not
+# from jit-cache: its layer holds the modules' staging copy, which would ship beside the copies
+# below.
+FROM patched AS runtime
+COPY --from=jit-cache /opt/flashinfer-cache /opt/flashinfer-cache
+# The precompiled modules also in FlashInfer's AOT directory: loaded with no ninja run at all.
+COPY --from=jit-cache /opt/venv/lib/python3.12/site-packages/flashinfer/data/aot /opt/venv/lib/python3.12/site-packages/flashinfer/data/aot
 COPY --from=jit-cache /opt/sm120-stacks-jit/cached_ops/ /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/
 COPY tools/ /opt/sm120-stacks/tools/
 ENV VIRTUAL_ENV=/opt/venv \
