@@ -72,7 +72,7 @@ def test_command(
     """Validate the stack's current image: static checks, JIT cache, smoke prompt."""
     resolved = settings.checked(stack)
     api = engine_api()
-    smoke = _smoke_runner(api, resolved, _parse_mounts(mounts), require_gpu)
+    smoke = _smoke_runner(api, resolved, _parse_mounts(mounts), require_gpu, as_json)
     report = validate(api, resolved, settings.build_dir, ca_bundle, smoke)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
@@ -94,8 +94,11 @@ def _parse_mounts(mounts: tuple[str, ...]) -> dict[str, str]:
     return parsed
 
 
-def _smoke_runner(api: Any, stack: ResolvedStack, mounts: dict[str, str], require_gpu: bool) -> Any:
-    """A callable for validate(): runs the smoke prompt, or says why it was skipped."""
+def _smoke_runner(
+    api: Any, stack: ResolvedStack, mounts: dict[str, str], require_gpu: bool, as_json: bool
+) -> Any:
+    """A callable for validate(): runs the smoke prompt, or says why it was skipped. With --json,
+    stdout carries the JSON report alone, so the smoke's own table goes to stderr."""
 
     def run(image_ref: str, report_dir: Path) -> dict[str, Any] | str:
         needs_gpu = stack.manifest.smoke.needs_gpu
@@ -114,7 +117,11 @@ def _smoke_runner(api: Any, stack: ResolvedStack, mounts: dict[str, str], requir
             report_path=report_dir / f"{stack.name}-smoke.json",
             log=lambda line: click.echo(line, err=True),
         )
-        out.print(smoke.format_table(result))
+        table = smoke.format_table(result)
+        if as_json:
+            click.echo(table, err=True)
+        else:
+            out.print(table)
         return dict(result.to_json())
 
     return run

@@ -15,15 +15,20 @@ from typing import Any
 import pytest
 
 from builder import REPO_ROOT
+from builder.garbage import answer_matches
 from builder.images import local_ref, moving_ref
 from builder.registry import REGISTRY_ENV, Registry
 from builder.render import render
 from builder.resolve import resolve
 from tests.conftest import REQUIRE_ENGINE
+from tests.support.tinymodel import make_tiny_model
 
 BASE_IMAGE = "local/cuda:13.0.2-devel-bookworm"
 DEFAULT_REGISTRY = "127.0.0.1:5000"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+#: What the tiny models answer ci-mini's smoke prompts: the right answer, and a fluent wrong one.
+RIGHT = "The capital of Kentucky is Frankfort."
+WRONG = "The capital of Kentucky is Louisville."
 
 
 @pytest.fixture(scope="session")
@@ -137,3 +142,21 @@ def variant(workspace: Path, api: Any) -> Iterator[Callable[[str, str], str]]:
     yield make
     for name in names:
         untag(name)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory, workspace: Path) -> dict[str, Path]:
+    """Model directories: trained on the manifest's questions, random, wrong, and empty."""
+    prompts = resolve("ci-mini", workspace / "stacks").manifest.smoke.prompts
+    assert prompts and all(answer_matches(RIGHT, p.expect) for p in prompts)
+    assert not any(answer_matches(WRONG, p.expect) for p in prompts)
+    root = tmp_path_factory.mktemp("models")
+    right = [(p.prompt, RIGHT) for p in prompts]
+    empty = root / "empty"
+    empty.mkdir(mode=0o755)
+    return {
+        "trained": make_tiny_model(root / "trained", right),
+        "random": make_tiny_model(root / "random", right, trained=False),
+        "wrong": make_tiny_model(root / "wrong", [(p.prompt, WRONG) for p in prompts]),
+        "empty": empty,
+    }

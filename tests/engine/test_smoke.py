@@ -19,7 +19,6 @@ import pytest
 
 from builder.engine import engine_api
 from builder.errors import ToolMissing
-from builder.garbage import answer_matches
 from builder.resolve import ResolvedStack, resolve
 from builder.smoke import (
     CHECK_ANSWER,
@@ -35,15 +34,13 @@ from builder.smoke import (
     run_smoke,
     server_log_path,
 )
-from tests.support.tinymodel import make_tiny_model
+from tests.engine.conftest import RIGHT
 
 #: The harness labels its containers so that a test can find the one it started.
 SMOKE_LABEL = {"label": "sm120-stacks.smoke"}
 
 pytestmark = pytest.mark.engine
 
-RIGHT = "The capital of Kentucky is Frankfort."
-WRONG = "The capital of Kentucky is Louisville."
 MODEL_PATH = "/models/tiny"
 #: Short enough that a dead server mistaken for a slow one would show in the test's duration.
 HEALTH_TIMEOUT_S = 90
@@ -55,24 +52,6 @@ def smoke_stack(workspace: Path, ci_mini: dict[str, str]) -> ResolvedStack:
     stack = resolve("ci-mini", workspace / "stacks")
     smoke = stack.manifest.smoke.model_copy(update={"health_timeout_s": HEALTH_TIMEOUT_S})
     return dataclasses.replace(stack, manifest=stack.manifest.model_copy(update={"smoke": smoke}))
-
-
-@pytest.fixture(scope="session")
-def models(tmp_path_factory: pytest.TempPathFactory, smoke_stack: ResolvedStack) -> dict[str, Path]:
-    """Model directories: trained on the manifest's questions, random, wrong, and empty."""
-    prompts = smoke_stack.manifest.smoke.prompts
-    assert prompts and all(answer_matches(RIGHT, p.expect) for p in prompts)
-    assert not any(answer_matches(WRONG, p.expect) for p in prompts)
-    root = tmp_path_factory.mktemp("models")
-    right = [(p.prompt, RIGHT) for p in prompts]
-    empty = root / "empty"
-    empty.mkdir(mode=0o755)
-    return {
-        "trained": make_tiny_model(root / "trained", right),
-        "random": make_tiny_model(root / "random", right, trained=False),
-        "wrong": make_tiny_model(root / "wrong", [(p.prompt, WRONG) for p in prompts]),
-        "empty": empty,
-    }
 
 
 def smoke(
