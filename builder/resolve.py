@@ -305,6 +305,7 @@ def _error_at(
 
 def _check_patches(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
     patches_dir = (stack.repo_root / "patches").resolve()
+    _check_distinct_names(docs, ("patches",), [p.file for p in stack.manifest.patches], "file")
     for index, patch in enumerate(stack.manifest.patches):
         path = stack.local_file(patch.file).resolve()
         if not path.is_relative_to(patches_dir):
@@ -328,7 +329,27 @@ def _check_patches(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
             )
 
 
+def _check_distinct_names(
+    docs: list[YamlDocument], key: tuple[str, ...], files: list[str], field: str | None = None
+) -> None:
+    """The build context keeps these files by name alone: two of one name would overwrite each
+    other there, and the build would fail at its sha256 check or patch step, hours in."""
+    seen: dict[str, int] = {}
+    for index, file in enumerate(files):
+        name = Path(file).name
+        if name in seen:
+            where = (*key, index, *((field,) if field else ()))
+            raise _error_at(
+                docs,
+                where,
+                f"{file} has the same file name as entry {seen[name]} ({files[seen[name]]})",
+                "give each file a name of its own",
+            )
+        seen[name] = index
+
+
 def _check_wheels(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+    _check_distinct_names(docs, ("python", "wheels"), stack.manifest.python.wheels)
     for index, wheel in enumerate(stack.manifest.python.wheels):
         if not stack.local_file(wheel).is_file():
             raise _error_at(

@@ -53,6 +53,17 @@ CASES: list[tuple[str, Any, str]] = [
         "does not exist",
     ),
     (
+        "patch-name-twice",
+        _with(
+            ("patches",),
+            [
+                {"file": f"patches/{d}/fix.patch", "package": "vllm", "sha256": "0" * 64}
+                for d in ("a", "b")
+            ],
+        ),
+        "patches[1].file: patches/b/fix.patch has the same file name as entry 0",
+    ),
+    (
         "alias-bomb",
         "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
         "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\n",
