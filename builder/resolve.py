@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builder.archflags import ArchFlags, arch_table, derive
@@ -379,6 +380,9 @@ def rule_facts(stack: ResolvedStack) -> dict[str, Any]:
     if stack.manifest.serve.engine == "vllm" and stack.manifest.serve.moe_backend is None:
         facts["serve.moe_backend"] = "auto"  # no --moe-backend: vLLM picks, as with auto
     facts["jit.fixed_arch_gaps"] = stack.fixed_arch_gaps() or None
+    driver, minimum = stack.manifest.host_driver, stack.arch.min_driver
+    if driver is not None and minimum is not None:
+        facts["driver.below_minimum"] = Version(driver) < Version(minimum)
     return facts
 
 

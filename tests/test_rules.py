@@ -64,7 +64,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
         "patches: []",
     ),
     "sm120-fp4-built-for-120a": ("vllm-0.22-marlin", "cuda: '12.8.1'"),
-    "cuda13-driver-minimum": ("vllm-0.22-marlin", "host_driver: '575.57.08'"),
+    "host-driver-below-cuda-minimum": ("vllm-0.22-marlin", "host_driver: '575.57.08'"),
     "b12x-needs-cuda13": ("vllm-0.22-b12x", "cuda: '12.9.1'"),
     "b12x-backend-needs-vllm-0.22": ("vllm-0.22-b12x", "python: {packages: {vllm: 0.21.0}}"),
     "precompiled-module-fixed-arch-misses-a-gpu": (
@@ -102,6 +102,16 @@ def test_arch_flags_derive_per_consumer() -> None:
     old = derive(["sm120"], "12.8.1")
     assert old.env["FLASHINFER_CUDA_ARCH_LIST"] == "12.0a"
     assert derive(["sm90"], "13.0.2").env["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a"
+
+
+def test_the_driver_minimum_follows_the_stack_cuda(stacks_dir: Path) -> None:
+    """CUDA 12.9 needs 575.51.03 (cuda.yaml): 570 is too old for it, 575.57 is enough."""
+    for driver, fires in (("570.172.08", True), ("575.57.08", False)):
+        (stacks_dir / "variant.yaml").write_text(
+            f"extends: vllm-0.22-marlin\ncuda: '12.9.1'\nhost_driver: '{driver}'\n"
+        )
+        fired = "host-driver-below-cuda-minimum" in _fired(stacks_dir, "variant")
+        assert fired is fires, driver
 
 
 def test_an_unset_moe_backend_is_vllm_auto(stacks_dir: Path) -> None:
