@@ -26,7 +26,7 @@ from builder.errors import EXIT_BAD_INPUT, StackError
 from builder.images import HASH_CHARS
 from builder.lock import current_lock
 from builder.manifest import Manifest
-from builder.records import load_record
+from builder.records import Record, load_record
 from builder.registry import Registry, RegistryError
 from builder.render import render, write_context
 from builder.resolve import ResolvedStack, resolve, stack_names
@@ -167,10 +167,16 @@ def list_stacks(settings: Settings) -> None:
             "ok" if result.ok else f"rule: {result.violations[0].rule.id}",
             content_hash[:HASH_CHARS],
             "yes" if record.image_id else "no",
-            record.tests or "no",
+            _verdict(record),
             ", ".join(record.pushed) or "no",
         )
     out.print(table)
+
+
+def _verdict(record: Record) -> str:
+    if record.tests == "passed" and (record.smoke or "").startswith("skipped"):
+        return "passed, smoke skipped"
+    return record.tests or "no"
 
 
 @cli.command()

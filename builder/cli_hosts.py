@@ -112,6 +112,13 @@ def pin(
     made = make_pin(host, resolved, content_hash, record, repository, options)
     path = write_pin(_hosts_dir(settings, hosts_dir), made)
     click.echo(f"pinned {host} to {made.image}\n  {path}")
+    if (record.smoke or "").startswith("skipped"):
+        click.echo(
+            f"warning: the image passed its static checks but its smoke prompt was "
+            f"{record.smoke}; run `sm120-stacks test {stack} --require-gpu` on a host with "
+            "the stack's GPU before serving from it",
+            err=True,
+        )
 
 
 @cli.command()

@@ -24,6 +24,9 @@ class Record:
     #: "passed" / "failed" / None (never tested), and where the report is.
     tests: str | None = None
     report: str | None = None
+    #: The smoke prompt's part of that verdict: "passed", "failed", or "skipped: why" (no GPU
+    #: here); a static pass with a skipped GPU smoke is still a pass, but says so.
+    smoke: str | None = None
     #: registry repository -> pushed digest (repo@sha256:...).
     pushed: dict[str, str] = field(default_factory=dict)
 
@@ -33,6 +36,7 @@ class Record:
         if self.image_id is not None and self.image_id != image_id:
             self.tests = None
             self.report = None
+            self.smoke = None
             self.pushed = {}
         self.image_id = image_id
 

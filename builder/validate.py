@@ -228,5 +228,10 @@ def validate(
     record = load_record(build_dir, stack.name, content_hash)
     record.tests = "passed" if report.passed else "failed"
     record.report = str(path)
+    record.smoke = (
+        f"skipped: {report.smoke_skipped}"
+        if report.smoke is None
+        else ("passed" if report.smoke.get("passed") else "failed")
+    )
     save_record(build_dir, record)
     return report

@@ -285,6 +285,21 @@ def test_pin_and_deploy_through_the_cli(
     ]
 
 
+def test_a_pin_of_an_image_whose_gpu_smoke_was_skipped_warns(
+    stacks_dir: Path, tmp_path: Path, run_cli: Callable[..., Result]
+) -> None:
+    """Static checks pass on a machine without the GPU; the pin goes through but says so, and
+    `list` shows it."""
+    skipped = "skipped: no NVIDIA GPU on this host (/dev/nvidia0 is missing)"
+    _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir), smoke=skipped)
+    result = run_cli("pin", "gpu-node-07", STACK, stacks_dir=stacks_dir)
+    assert result.exit_code == 0, result.output
+    assert f"smoke prompt was {skipped}" in result.output
+    assert "--require-gpu" in result.output
+    listed = run_cli("list", stacks_dir=stacks_dir).output
+    assert "passed," in listed and "skipped" in listed  # the table may wrap the cell
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

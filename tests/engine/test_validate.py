@@ -45,7 +45,7 @@ def test_the_image_passes_every_check_and_is_recorded_as_tested(
     ]
     assert report["smoke"]["passed"] is True
     record = load_record(workspace / "build", "ci-mini", ci_mini["hash"])
-    assert (record.tests, record.report) == ("passed", report["path"])
+    assert (record.tests, record.report, record.smoke) == ("passed", report["path"], "passed")
 
 
 def test_a_leaked_proxy_ca_fails_the_image_and_push_refuses_it(
