@@ -164,10 +164,9 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         jit_dir=jit_cached_ops_dir(stack),
         jit_workspace_dir=flashinfer_workspace_dir(stack),
         jit_staging_dir="/opt/sm120-stacks-jit/cached_ops",
-        # Not per stack: stacks that differ only in runtime settings must render identical
-        # build stages, or they could not share layers. ninja tracks what each build needs.
         jit_cache_id=f"sm120-stacks-flashinfer-workspace-{flashinfer_version(stack)}"
-        f"-{stack.arch.jit_arch_tag}-py{m.python.version}",
+        f"-{stack.arch.jit_arch_tag}-py{m.python.version}"
+        f"-{compile_inputs_digest(stack, build_base, apt, lock)}",
         max_jobs_default=max_jobs_default,
         jit_env=dict(sorted(jit_env.items())),
         env=dict(sorted(m.env.items())),
@@ -176,6 +175,27 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         locked=lock is not None,
         locked_heavy=bool(lock and lock.python.heavy),
     )
+
+
+def compile_inputs_digest(
+    stack: ResolvedStack, build_base: str, apt: list[str], lock: Lock | None
+) -> str:
+    """What the JIT compile's objects depend on besides FlashInfer and the arch: the base (its
+    nvcc and compiler), the packages (torch's headers) and the patches. Stacks that differ only
+    in runtime settings (marlin, b12x) share the compile cache; no others may, because ninja
+    judges freshness by file times and would take objects built against another torch or nvcc
+    for current ones."""
+    m = stack.manifest
+    inputs = {
+        "base": build_base,
+        "cuda": m.cuda,
+        "apt": apt,
+        "toolchain_env": m.build.toolchain_env,
+        "python": m.python.model_dump(mode="json"),
+        "lock": lock.python.model_dump(mode="json") if lock is not None else None,
+        "patches": [p.sha256 for p in m.patches],
+    }
+    return hashlib.sha256(canonical_json(inputs).encode()).hexdigest()[:12]
 
 
 def flashinfer_workspace_dir(stack: ResolvedStack) -> str:

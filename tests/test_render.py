@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from builder import REPO_ROOT
-from builder.render import render, write_context
+from builder.render import render, template_context, write_context
 from builder.resolve import resolve, stack_names
 from tests.golden import GOLDEN_DIR, STACKS, rendered_dockerfile
 
@@ -168,3 +168,22 @@ def test_the_compile_cache_mount_covers_generated_sources_as_well_as_objects() -
     workspace = "/opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f"
     assert target.group(1) == workspace
     assert f"cp -a {workspace}/cached_ops/fused_moe_120 " in dockerfile
+
+
+def test_the_compile_cache_is_shared_only_by_stacks_that_install_the_same(
+    stacks_dir: Path,
+) -> None:
+    """ninja trusts file times: a mount shared with a stack of another torch or CUDA could hand
+    over objects built against the wrong headers. A serve-only difference shares it."""
+    (stacks_dir / "port.yaml").write_text("extends: vllm-0.22-b12x\nserve: {port: 9000}\n")
+    (stacks_dir / "torch.yaml").write_text(
+        "extends: vllm-0.22-b12x\npython: {packages: {torch: 2.11.1}}\n"
+    )
+    (stacks_dir / "cuda.yaml").write_text("extends: vllm-0.22-b12x\ncuda: '13.0.1'\n")
+    ids = {
+        name: template_context(resolve(name, stacks_dir)).jit_cache_id
+        for name in ("vllm-0.22-b12x", "vllm-0.22-marlin", "port", "torch", "cuda")
+    }
+    assert ids["vllm-0.22-b12x"] == ids["vllm-0.22-marlin"] == ids["port"]
+    assert len({ids["vllm-0.22-b12x"], ids["torch"], ids["cuda"]}) == 3
+    assert ids["port"].startswith("sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.12-")

@@ -51,7 +51,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.11,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.11-57cf52e8bb3a,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     norm \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \
