@@ -8,6 +8,7 @@ build/STACK/logs/.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -15,11 +16,14 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from builder.engine import BuildClient
+from builder.errors import StackError
 from builder.images import content_tag, image_labels, local_ref, moving_ref
 from builder.jobs import auto_max_jobs
 from builder.progress import Progress
@@ -88,37 +92,56 @@ def build_stack(
             stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
         )
     stack_dir = build_dir / stack.name
-    context = write_context(rendered, stack_dir / "context")
-    logs = stack_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"{content_tag(stack.name, content_hash)}.log"
-    command_path = logs / f"{content_tag(stack.name, content_hash)}.command.sh"
-    _keep_previous(log_path)
-    if options.max_jobs is None and stack.manifest.build.max_jobs == "auto":
-        options = replace(options, max_jobs=auto_max_jobs(stack))
-    with tempfile.TemporaryDirectory(prefix="sm120-build-") as scratch:
-        iidfile = Path(scratch) / "iid"
-        argv = build_argv(stack, rendered, context, client, options, iidfile)
-        argv[-1:-1] = ["--label", f"{BASE_IDS_LABEL}={json.dumps(bases, sort_keys=True)}"]
-        _write_replay(command_path, client, argv, iidfile)
-        _run_build(stack.name, argv, client, log_path, options.live_progress)
-        image_id = iidfile.read_text().strip()
-    image = api.images.get(image_id)
-    image.tag(ref)
-    image.tag(moving_ref(stack.name))
-    record = load_record(build_dir, stack.name, content_hash)
-    record.attach_image(image_id)
-    save_record(build_dir, record)
-    return BuildOutcome(
-        stack.name,
-        content_hash,
-        ref,
-        image_id,
-        False,
-        time.monotonic() - started,
-        log_path,
-        command_path,
-    )
+    with stack_dir_lock(stack_dir):
+        context = write_context(rendered, stack_dir / "context")
+        logs = stack_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{content_tag(stack.name, content_hash)}.log"
+        command_path = logs / f"{content_tag(stack.name, content_hash)}.command.sh"
+        _keep_previous(log_path)
+        if options.max_jobs is None and stack.manifest.build.max_jobs == "auto":
+            options = replace(options, max_jobs=auto_max_jobs(stack))
+        with tempfile.TemporaryDirectory(prefix="sm120-build-") as scratch:
+            iidfile = Path(scratch) / "iid"
+            argv = build_argv(stack, rendered, context, client, options, iidfile)
+            argv[-1:-1] = ["--label", f"{BASE_IDS_LABEL}={json.dumps(bases, sort_keys=True)}"]
+            _write_replay(command_path, client, argv, iidfile)
+            _run_build(stack.name, argv, client, log_path, options.live_progress)
+            image_id = iidfile.read_text().strip()
+        image = api.images.get(image_id)
+        image.tag(ref)
+        image.tag(moving_ref(stack.name))
+        record = load_record(build_dir, stack.name, content_hash)
+        record.attach_image(image_id)
+        save_record(build_dir, record)
+        return BuildOutcome(
+            stack.name,
+            content_hash,
+            ref,
+            image_id,
+            False,
+            time.monotonic() - started,
+            log_path,
+            command_path,
+        )
+
+
+@contextmanager
+def stack_dir_lock(stack_dir: Path) -> Iterator[None]:
+    """One build (or render) of a stack at a time: each rewrites build/STACK/context, which
+    BuildKit reads during the whole build, so a second one would swap the files under the
+    first and its image would be tagged with a content hash it was not built from."""
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    with open(stack_dir / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StackError(
+                f"another build or render of {stack_dir.name} is running (it holds "
+                f"{stack_dir / '.lock'})",
+                hint="wait for it to finish, or stop it; builds of other stacks may run at once",
+            ) from None
+        yield
 
 
 def _keep_previous(log_path: Path) -> None:

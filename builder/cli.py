@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from builder.build import BuildFailed, BuildOptions, build_stack
+from builder.build import BuildFailed, BuildOptions, build_stack, stack_dir_lock
 from builder.check import check_stack, violation_error
 from builder.distribute import pull_stack, push_stack, registry_has_current
 from builder.engine import detect_build_client, engine_api
@@ -224,7 +224,8 @@ def render_cmd(settings: Settings, stack: str, to_stdout: bool) -> None:
     if to_stdout:
         click.echo(rendered.dockerfile, nl=False)
         return
-    click.echo(write_context(rendered, settings.build_dir / stack / "context"))
+    with stack_dir_lock(settings.build_dir / stack):
+        click.echo(write_context(rendered, settings.build_dir / stack / "context"))
 
 
 registry_option = click.option(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from builder.build import BuildOptions, build_argv
+from click.testing import Result
+
+from builder.build import BuildOptions, build_argv, stack_dir_lock
 from builder.engine import BuildClient
 from builder.records import Record, load_record, save_record
 from builder.render import render
@@ -39,3 +42,16 @@ def test_the_manifest_platform_reaches_buildkit(stacks_dir: Path, tmp_path: Path
     client = BuildClient("docker", ("docker", "buildx", "build"))
     argv = build_argv(stack, render(stack), tmp_path, client, BuildOptions(), tmp_path / "iid")
     assert argv[argv.index("--platform") + 1] == "linux/arm64"
+
+
+def test_a_second_build_or_render_of_a_stack_waits_its_turn(
+    tmp_path: Path, run_cli: Callable[..., Result]
+) -> None:
+    """While one build holds build/STACK/ (BuildKit reads its context for hours), another
+    render or build of that stack is refused instead of swapping the files under it."""
+    with stack_dir_lock(tmp_path / "build" / "vllm-0.22-marlin"):
+        result = run_cli("render", "vllm-0.22-marlin")
+        assert result.exit_code == 2, result.output
+        assert "another build or render of vllm-0.22-marlin is running" in result.output
+        assert run_cli("render", "vllm-0.22-b12x").exit_code == 0, "other stacks go ahead"
+    assert run_cli("render", "vllm-0.22-marlin").exit_code == 0
