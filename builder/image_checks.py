@@ -1,22 +1,19 @@
 """The static image checks: a pytest-testinfra module run against a container of the image.
 
-validate.py runs this file with pytest, `--hosts=docker://<container>` and the expectations in
-SM120_STACKS_EXPECT (a JSON file). Every check is generic; the manifest decides what it expects.
-Nothing here needs a GPU.
+validate.py runs this file with pytest and `--hosts=docker://<container>`, and hands it what to
+expect through a plugin (validate.CheckInputs) that provides the `expect`, `inspect` and
+`proxy_ca_lines` fixtures and the parameters. Nothing is read from the environment or at import,
+so one process can check several images. Every check is generic; the manifest decides what it
+expects. Nothing here needs a GPU.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-EXPECT: dict[str, Any] = json.loads(Path(os.environ["SM120_STACKS_EXPECT"]).read_text())
-INSPECT: dict[str, Any] = json.loads(Path(os.environ["SM120_STACKS_INSPECT"]).read_text())
-PROXY_CA_LINES: list[str] = json.loads(os.environ.get("SM120_STACKS_PROXY_CA_LINES", "[]"))
 PUBLIC_CA_STORES = ("/etc/ssl/certs/", "/usr/share/ca-certificates/")
 SEARCHED_DIRS = ["/opt", "/root", "/etc", "/usr/local", "/home", "/tmp", "/var", "/run"]
 
@@ -26,25 +23,20 @@ VERSION_SCRIPT = (
 )
 
 
-@pytest.mark.parametrize("package", sorted(EXPECT["packages"]))
-def test_package_version_equals_the_pin(host: Any, package: str) -> None:
-    out = host.check_output("%s -c %s %s", EXPECT["python"], VERSION_SCRIPT, package)
-    assert json.loads(out)[package] == EXPECT["packages"][package]
+def test_package_version_equals_the_pin(host: Any, expect: dict[str, Any], package: str) -> None:
+    out = host.check_output("%s -c %s %s", expect["python"], VERSION_SCRIPT, package)
+    assert json.loads(out)[package] == expect["packages"][package]
 
 
-@pytest.mark.parametrize("name", sorted(EXPECT["env"]))
-def test_environment_variable(host: Any, name: str) -> None:
-    assert host.environment().get(name) == EXPECT["env"][name]
+def test_environment_variable(host: Any, expect: dict[str, Any], variable: str) -> None:
+    assert host.environment().get(variable) == expect["env"][variable]
 
 
-@pytest.mark.parametrize(
-    "patch", EXPECT["patches"] or [None], ids=lambda p: Path(p["file"]).name if p else "none"
-)
-def test_patch_is_applied(host: Any, patch: dict[str, Any] | None) -> None:
+def test_patch_is_applied(host: Any, expect: dict[str, Any], patch: dict[str, Any] | None) -> None:
     if patch is None:
         pytest.skip("the stack applies no patches")
     site = host.check_output(
-        "%s -c %s", EXPECT["python"], "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        "%s -c %s", expect["python"], "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     )
     for target, lines in patch["added"].items():
         content = host.file(f"{site}/{target}").content_string
@@ -52,38 +44,40 @@ def test_patch_is_applied(host: Any, patch: dict[str, Any] | None) -> None:
         assert not missing, f"{target} lacks patched lines: {missing[:3]}"
 
 
-def test_nvcc_matches_the_stack_cuda(host: Any) -> None:
+def test_nvcc_matches_the_stack_cuda(host: Any, expect: dict[str, Any]) -> None:
     toolkit_nvcc = "/usr/local/cuda/bin/nvcc"
     nvcc = "nvcc" if host.exists("nvcc") else toolkit_nvcc
     if nvcc == toolkit_nvcc and not host.file(toolkit_nvcc).exists:
         pytest.skip("the image keeps no nvcc")
     out = host.check_output("%s --version", nvcc)
-    assert f"release {EXPECT['cuda_release']}," in out, out
-    if EXPECT["nvcc_wheel"]:
+    assert f"release {expect['cuda_release']}," in out, out
+    if expect["nvcc_wheel"]:
         wheel_nvcc = host.check_output(
-            "%s -c %s %s", EXPECT["python"], VERSION_SCRIPT, "nvidia-cuda-nvcc"
+            "%s -c %s %s", expect["python"], VERSION_SCRIPT, "nvidia-cuda-nvcc"
         )
-        assert json.loads(wheel_nvcc)["nvidia-cuda-nvcc"] == EXPECT["nvcc_wheel"]
+        assert json.loads(wheel_nvcc)["nvidia-cuda-nvcc"] == expect["nvcc_wheel"]
 
 
-def test_jit_cache_holds_every_module_for_the_target_archs(host: Any) -> None:
-    if not EXPECT["jit_modules"]:
+def test_jit_cache_holds_every_module_for_the_target_archs(
+    host: Any, expect: dict[str, Any]
+) -> None:
+    if not expect["jit_modules"]:
         pytest.skip("the stack precompiles no FlashInfer module")
-    modules = EXPECT["jit_modules"]
+    modules = expect["jit_modules"]
     result = host.run(  # one %s per module: testinfra quotes each argument on its own
         "%s /opt/sm120-stacks/tools/flashinfer_jit.py verify" + " %s" * len(modules),
-        EXPECT["python"],
+        expect["python"],
         *modules,
     )
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert [r["module"] for r in rows] == EXPECT["jit_modules"], result.stderr
+    assert [r["module"] for r in rows] == expect["jit_modules"], result.stderr
     for row in rows:
         assert row["status"] == "hit", row
-        missing = set(EXPECT["module_archs"][row["module"]]) - set(row["archs"])
+        missing = set(expect["module_archs"][row["module"]]) - set(row["archs"])
         assert not missing, f"{row['module']} has no device code for {sorted(missing)}: {row}"
 
 
-def test_no_secret_left_in_the_image(host: Any) -> None:
+def test_no_secret_left_in_the_image(host: Any, proxy_ca_lines: list[str]) -> None:
     secret_words = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "CREDENTIALS"}
     leaked = [k for k in host.environment() if secret_words & set(k.upper().split("_"))]
     assert not leaked, f"secret-like variables in the image: {leaked}"
@@ -91,7 +85,7 @@ def test_no_secret_left_in_the_image(host: Any) -> None:
         assert not host.file(path).exists, path
     secrets = host.run("ls -A /run/secrets 2>/dev/null")
     assert secrets.stdout.strip() == "", f"/run/secrets holds {secrets.stdout}"
-    for line in PROXY_CA_LINES:
+    for line in proxy_ca_lines:
         # One %s per folder: testinfra quotes each argument, so a joined string would be one
         # (nonexistent) path and the check would find nothing, ever.
         dirs = " ".join(["%s"] * len(SEARCHED_DIRS))
@@ -106,23 +100,23 @@ def _is_public_ca_store(path: str) -> bool:
     return path.startswith(PUBLIC_CA_STORES) or path.endswith("/certifi/cacert.pem")
 
 
-def test_labels_identify_the_stack() -> None:
-    labels = INSPECT["Config"]["Labels"]
-    assert labels["sm120-stacks.stack"] == EXPECT["stack"]
-    assert labels["sm120-stacks.content-hash"] == EXPECT["content_hash"]
+def test_labels_identify_the_stack(expect: dict[str, Any], inspect: dict[str, Any]) -> None:
+    labels = inspect["Config"]["Labels"]
+    assert labels["sm120-stacks.stack"] == expect["stack"]
+    assert labels["sm120-stacks.content-hash"] == expect["content_hash"]
     assert (
         json.loads(labels["sm120-stacks.arch"])["FLASHINFER_CUDA_ARCH_LIST"]
-        == EXPECT["env"]["FLASHINFER_CUDA_ARCH_LIST"]
+        == expect["env"]["FLASHINFER_CUDA_ARCH_LIST"]
     )
-    assert json.loads(labels["sm120-stacks.manifest"])["name"] == EXPECT["stack"]
+    assert json.loads(labels["sm120-stacks.manifest"])["name"] == expect["stack"]
 
 
-def test_config_runs_the_serve_command() -> None:
-    config = INSPECT["Config"]
-    assert config["Cmd"] == EXPECT["cmd"]
+def test_config_runs_the_serve_command(expect: dict[str, Any], inspect: dict[str, Any]) -> None:
+    config = inspect["Config"]
+    assert config["Cmd"] == expect["cmd"]
     assert not config.get("Entrypoint")
-    assert f"{EXPECT['port']}/tcp" in (config.get("ExposedPorts") or {})
+    assert f"{expect['port']}/tcp" in (config.get("ExposedPorts") or {})
     assert config.get("User", "") in ("", "root", "0")
     env = dict(item.split("=", 1) for item in config["Env"])
-    for name, value in EXPECT["env"].items():
+    for name, value in expect["env"].items():
         assert env.get(name) == value, name

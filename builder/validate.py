@@ -9,7 +9,6 @@ recorded, so `push` can refuse untested images.
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 import uuid
@@ -90,6 +89,43 @@ class _Collector:
             self.results.append(CheckResult(name, report.passed, report.skipped, detail))
 
 
+class CheckInputs:
+    """A pytest plugin handing image_checks.py what to expect, as fixtures and parameters.
+
+    Passed to pytest.main as an object, not through environment variables or module globals, so
+    a second image checked in the same process gets its own expectations.
+    """
+
+    def __init__(
+        self, expect: dict[str, Any], inspect: dict[str, Any], proxy_ca_lines: list[str]
+    ) -> None:
+        self._expect = expect
+        self._inspect = inspect
+        self._proxy_ca_lines = proxy_ca_lines
+
+    @pytest.fixture
+    def expect(self) -> dict[str, Any]:
+        return self._expect
+
+    @pytest.fixture
+    def inspect(self) -> dict[str, Any]:
+        return self._inspect
+
+    @pytest.fixture
+    def proxy_ca_lines(self) -> list[str]:
+        return self._proxy_ca_lines
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "package" in metafunc.fixturenames:
+            metafunc.parametrize("package", sorted(self._expect["packages"]))
+        if "variable" in metafunc.fixturenames:
+            metafunc.parametrize("variable", sorted(self._expect["env"]))
+        if "patch" in metafunc.fixturenames:
+            patches = self._expect["patches"] or [None]
+            ids = [Path(p["file"]).name if p else "none" for p in patches]
+            metafunc.parametrize("patch", patches, ids=ids)
+
+
 def run_static_checks(
     api: Any,
     stack: ResolvedStack,
@@ -98,10 +134,12 @@ def run_static_checks(
     workdir: Path,
     proxy_ca: Path | None = None,
 ) -> list[CheckResult]:
-    expect_path = workdir / "expectations.json"
-    expect_path.write_text(json.dumps(expectations(stack, content_hash).to_json(), indent=2))
-    inspect_path = workdir / "inspect.json"
-    inspect_path.write_text(json.dumps(api.images.get(image_ref).attrs))
+    expect = expectations(stack, content_hash).to_json()
+    inspect = api.images.get(image_ref).attrs
+    # Kept beside the report, so a failed check can be replayed by hand.
+    (workdir / "expectations.json").write_text(json.dumps(expect, indent=2))
+    (workdir / "inspect.json").write_text(json.dumps(inspect))
+    inputs = CheckInputs(expect, inspect, proxy_ca_lines(proxy_ca))
     container = api.containers.run(
         image_ref,
         entrypoint=["sleep"],
@@ -110,33 +148,22 @@ def run_static_checks(
         name=f"sm120-check-{stack.name}-{uuid.uuid4().hex[:8]}",
         network_mode="none",
     )
-    collector = _Collector()
-    env_before = dict(os.environ)
     try:
-        os.environ["SM120_STACKS_EXPECT"] = str(expect_path)
-        os.environ["SM120_STACKS_INSPECT"] = str(inspect_path)
-        os.environ["SM120_STACKS_PROXY_CA_LINES"] = json.dumps(proxy_ca_lines(proxy_ca))
-        ini = workdir / "pytest.ini"
-        ini.write_text("[pytest]\n")
-        status = pytest.main(
-            [
-                str(CHECKS_MODULE),
-                f"--hosts=docker://{container.id}",
-                "-p",
-                "no:terminal",
-                "-p",
-                "no:cacheprovider",
-                "-c",
-                str(ini),
-                "--rootdir",
-                str(workdir),
-            ],
-            plugins=[collector],
-        )
+        return run_checks(inputs, f"docker://{container.id}", workdir)
     finally:
-        os.environ.clear()
-        os.environ.update(env_before)
         container.remove(force=True)
+
+
+def run_checks(
+    inputs: CheckInputs, hosts: str, workdir: Path, select: str | None = None
+) -> list[CheckResult]:
+    """Run image_checks.py against testinfra `hosts` (-k `select` picks checks by name)."""
+    collector = _Collector()
+    ini = workdir / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    args = [str(CHECKS_MODULE), f"--hosts={hosts}", "-p", "no:terminal", "-p", "no:cacheprovider"]
+    args += ["-c", str(ini), "--rootdir", str(workdir)] + (["-k", select] if select else [])
+    status = pytest.main(args, plugins=[collector, inputs])
     if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or not collector.results:
         raise RuntimeError(f"the image checks did not run (pytest exit status {status})")
     return collector.results

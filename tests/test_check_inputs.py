@@ -1,0 +1,60 @@
+"""The image checks take their expectations from a plugin object, not the process environment.
+
+Run against testinfra's local:// backend with only the checks that read the image's config (no
+container needed). Two runs in one process with different expectations must each judge by their
+own: the checks module stays imported between them, which is where import-time globals failed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from builder.validate import CheckInputs, run_checks
+
+CONFIG_CHECKS = "labels_identify_the_stack or config_runs_the_serve_command"
+
+
+def _expect(stack: str) -> dict[str, Any]:
+    return {
+        "stack": stack,
+        "content_hash": "abc123",
+        "env": {"FLASHINFER_CUDA_ARCH_LIST": "12.0f"},
+        "packages": {},
+        "patches": [],
+        "cmd": ["vllm", "serve", "model"],
+        "port": 8000,
+    }
+
+
+def _inspect(stack: str) -> dict[str, Any]:
+    labels = {
+        "sm120-stacks.stack": stack,
+        "sm120-stacks.content-hash": "abc123",
+        "sm120-stacks.arch": json.dumps({"FLASHINFER_CUDA_ARCH_LIST": "12.0f"}),
+        "sm120-stacks.manifest": json.dumps({"name": stack}),
+    }
+    return {
+        "Config": {
+            "Labels": labels,
+            "Cmd": ["vllm", "serve", "model"],
+            "ExposedPorts": {"8000/tcp": {}},
+            "Env": ["FLASHINFER_CUDA_ARCH_LIST=12.0f"],
+        }
+    }
+
+
+def _verdicts(expect: dict[str, Any], inspect: dict[str, Any], workdir: Path) -> dict[str, bool]:
+    inputs = CheckInputs(expect, inspect, [])
+    return {r.name: r.passed for r in run_checks(inputs, "local://", workdir, CONFIG_CHECKS)}
+
+
+def test_each_run_judges_by_its_own_expectations(tmp_path: Path) -> None:
+    good = _verdicts(_expect("alpha"), _inspect("alpha"), tmp_path)
+    assert good == {"labels_identify_the_stack": True, "config_runs_the_serve_command": True}
+    mislabelled = _verdicts(_expect("beta"), _inspect("alpha"), tmp_path)
+    assert mislabelled["labels_identify_the_stack"] is False
+    assert mislabelled["config_runs_the_serve_command"] is True
+    again = _verdicts(_expect("alpha"), _inspect("alpha"), tmp_path)
+    assert again == good
