@@ -229,7 +229,11 @@ def make_lock(stack: ResolvedStack, api: Any | None) -> Lock:
         work = Path(scratch)
         top = [_spec(name, pin.version, pin.extras) for name, pin in py.packages.items()]
         overrides = [_spec(name, pin.version, []) for name, pin in py.overrides.items()]
-        full = _compile(uv, stack, work, "all", top, overrides, constraints=None)
+        # An override is installed whether or not anything asks for it (unlocked builds install
+        # overrides.txt on their own); uv's --override only replaces requirements, so an
+        # override nothing depends on (flashinfer-cubin on the 0.17 stack) is also a direct one.
+        full = _compile(uv, stack, work, "all", top + overrides, overrides, constraints=None)
+        _check_pins_locked(stack, full)
         heavy_names = {normalize(n) for n in py.heavy if n in py.packages}
         heavy: dict[str, LockedPackage] = {}
         if heavy_names:
@@ -299,6 +303,24 @@ def find_uv() -> Path:
         "uv is not installed (it resolves lock files)",
         hint="pip install uv (part of sm120-stacks' dependencies)",
     )
+
+
+def _check_pins_locked(stack: ResolvedStack, locked: dict[str, LockedPackage]) -> None:
+    """Every pin of the manifest must be in the lock at its version (`==` semantics: a local
+    label such as +cu128 matches), or builds would install what the image checks refuse."""
+    py = stack.manifest.python
+    wrong = []
+    for name, pin in {**py.packages, **py.overrides}.items():
+        got = locked.get(normalize(name))
+        if got is None or got.version.split("+")[0] != pin.version.split("+")[0]:
+            wrong.append(f"{name}=={pin.version} (locked: {got.version if got else 'absent'})")
+    if wrong:
+        raise StackError(
+            f"the resolution of {stack.name} does not hold its pins: {', '.join(wrong)}",
+            file=stack.sources[0],
+            key="python",
+            hint="report this with the uv version; no lock was written",
+        )
 
 
 def _compile(

@@ -17,6 +17,16 @@ FROM toolchain AS packages
 # The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; pip's cache lives
 # in a cache mount, so --no-cache-dir (DL3042) would only slow rebuilds. Separate RUNs (DL3059)
 # on purpose: the heavy layer survives a change of any other pin.
+# Locked (stacks/vllm-0.17-flashinfer-cutlass.lock): the complete package set, each file hash-checked, so
+# --no-deps. The heavy part's file is copied alone first: its layer survives any other change.
+COPY requirements/lock-heavy.txt /opt/sm120-stacks/requirements/
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock-heavy.txt
 COPY requirements/ /opt/sm120-stacks/requirements/
 # hadolint ignore=DL3042,DL3059
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
@@ -24,21 +34,7 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=hf-token \
     --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
     /opt/sm120-stacks/tools/with-secrets.sh \
-    pip install -c /opt/sm120-stacks/requirements/constraints.txt -r /opt/sm120-stacks/requirements/heavy.txt
-# hadolint ignore=DL3042,DL3059
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=secret,id=proxy-ca \
-    --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
-    /opt/sm120-stacks/tools/with-secrets.sh \
-    pip install -r /opt/sm120-stacks/requirements/all.txt
-# hadolint ignore=DL3042,DL3059
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=secret,id=proxy-ca \
-    --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
-    /opt/sm120-stacks/tools/with-secrets.sh \
-    pip install --no-deps -r /opt/sm120-stacks/requirements/overrides.txt
+    pip install --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock.txt
 
 # --- patches: applied to the installed packages, checksums verified first ---
 FROM packages AS patched
@@ -68,7 +64,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.5-120f-py3.12-9fec76572bf5,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.5-120f-py3.12-21137c57d8d6,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling fused_moe_120 gemm_sm120 fp4_gemm_cutlass_sm120 fp4_quantization_120 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \
