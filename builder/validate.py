@@ -8,6 +8,7 @@ recorded, so `push` can refuse untested images.
 
 from __future__ import annotations
 
+import glob
 import json
 import re
 import tempfile
@@ -184,13 +185,19 @@ def cache_table(api: Any, stack: ResolvedStack, image_ref: str) -> list[CacheRow
             missing = set(expected.get(data["module"], [])) - set(data.get("archs", []))
             if status == "hit" and missing:
                 status = "wrong-arch"
+            detail = data.get("detail", "")
+            if status == "hit" and data.get("aot") and detail.startswith("ninja would rebuild"):
+                # Generators that write CUTLASS instantiations keep them in the build's cache
+                # mount, so the image's ninja tree is incomplete; FlashInfer loads the AOT copy
+                # before it would ever run ninja, so this is not a miss.
+                detail = "served from FlashInfer's AOT copy; the JIT tree alone would rebuild"
             rows.append(
                 CacheRow(
                     data["module"],
                     data.get("archs", []),
                     data.get("bytes", 0),
                     status,
-                    data.get("detail", ""),
+                    detail,
                 )
             )
     return rows
@@ -205,13 +212,27 @@ def _run_capture(api: Any, image_ref: str, command: list[str]) -> str:
         container.remove(force=True)
 
 
-def proxy_ca_lines(bundle: Path | None) -> list[str]:
+#: Public certificate sets a host bundle is made from: Mozilla's, as certifi ships it and as
+#: Debian/Ubuntu keep it (the distribution's copy is often older or newer than certifi's, and
+#: other packages in the image ship older copies still, e.g. grpc's roots.pem). Site additions
+#: (/usr/local/share/ca-certificates) are what is left: the proxy CA.
+PUBLIC_CA_GLOBS = ("/usr/share/ca-certificates/mozilla/*.crt",)
+
+
+def public_ca_text(globs: tuple[str, ...] = PUBLIC_CA_GLOBS) -> str:
+    texts = [Path(certifi.where()).read_text(errors="replace")]
+    for pattern in globs:
+        texts += [Path(f).read_text(errors="replace") for f in sorted(glob.glob(pattern))]
+    return "\n".join(texts)
+
+
+def proxy_ca_lines(bundle: Path | None, public: str | None = None) -> list[str]:
     """One distinctive base64 line of each private certificate in the proxy CA bundle: those
-    not in Mozilla's public set (certifi), which the image's own CA store ships legitimately.
-    Finding one of them in the image means the build secret leaked."""
+    in no public set, which the image's own CA stores ship legitimately. Finding one of them in
+    the image means the build secret leaked."""
     if bundle is None or not bundle.is_file():
         return []
-    public = Path(certifi.where()).read_text(errors="replace")
+    public = public_ca_text() if public is None else public
     lines = []
     for block in bundle.read_text(errors="replace").split("-----BEGIN CERTIFICATE-----")[1:]:
         body = [x for x in block.split("-----END CERTIFICATE-----")[0].split() if len(x) == 64]

@@ -69,10 +69,21 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, base_image: str) -> Path
 
 @pytest.fixture(scope="session")
 def proxy_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The machine's CA bundle plus a unique marker line (PEM readers skip text between certs)."""
+    """The machine's CA bundle, a private CA made here (the proxy CA the leak check must find,
+    on a machine whose bundle is only public certificates) and a unique marker line (PEM
+    readers skip text between certificates)."""
     marker = "sm120-stacks-secret-marker-" + os.urandom(8).hex()
-    path = tmp_path_factory.mktemp("secrets") / "proxy-ca.pem"
-    path.write_text(CA_BUNDLE.read_text() + f"\n{marker}\n")
+    folder = tmp_path_factory.mktemp("secrets")
+    private = folder / "private-ca.pem"
+    request = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]
+    subject = ["-subj", "/CN=sm120-stacks test proxy CA"]
+    subprocess.run(
+        [*request, *subject, "-keyout", str(folder / "key.pem"), "-out", str(private)],
+        check=True,
+        capture_output=True,
+    )
+    path = folder / "proxy-ca.pem"
+    path.write_text(CA_BUNDLE.read_text() + private.read_text() + f"\n{marker}\n")
     return path, marker
 
 
