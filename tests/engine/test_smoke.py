@@ -140,6 +140,31 @@ def test_a_server_that_dies_is_reported_dead_not_slow(
     assert server_log_path(tmp_path / "smoke.json").read_text().strip()
 
 
+#: Printed by the server-side hook below when it holds the first chat request.
+HELD_MARKER = "sm120-stacks-test: holding a chat request"
+
+#: Loaded by site (a .pth line) in every Python of the container; acts only in the server. It
+#: holds the first chat request until the test kills the container, so the kill cannot lose the
+#: race against a tiny model's fast answers (it once did, on a fast CI machine).
+HOLD_CHAT_HOOK = f"""
+import sys
+if "serve" in sys.argv:
+    import time
+    import fastapi
+
+    _call = fastapi.FastAPI.__call__
+
+    async def _hold_chat(self, scope, receive, send):
+        if scope.get("path") == "/v1/chat/completions":
+            sys.stderr.write({HELD_MARKER!r} + chr(10))
+            sys.stderr.flush()
+            time.sleep(600)
+        await _call(self, scope, receive, send)
+
+    fastapi.FastAPI.__call__ = _hold_chat
+"""
+
+
 def test_a_server_killed_while_serving_is_reported_dead(
     ci_mini: dict[str, str],
     smoke_stack: ResolvedStack,
@@ -147,20 +172,29 @@ def test_a_server_killed_while_serving_is_reported_dead(
     tmp_path: Path,
     api: Any,
 ) -> None:
-    """As a CUDA fault kills a real server: SIGKILL once the first chat request is logged."""
+    """As a CUDA fault kills a real server: SIGKILL while the first chat request is in it."""
+    site = site_packages(api, ci_mini, smoke_stack)
+    hook = tmp_path / "zz_hold_chat.py"
+    hook.write_text(HOLD_CHAT_HOOK)
+    pth = tmp_path / "zz_hold_chat.pth"
+    pth.write_text("import zz_hold_chat\n")
+    for path in (hook, pth):
+        path.chmod(0o644)
+    mounts = {str(hook): f"{site}/zz_hold_chat.py", str(pth): f"{site}/zz_hold_chat.pth"}
     earlier = {c.id for c in api.containers.list(all=True, filters=SMOKE_LABEL)}
-    killer = threading.Thread(target=kill_when_serving, args=(earlier,), daemon=True)
+    killed = threading.Event()
+    killer = threading.Thread(target=kill_when_held, args=(earlier, killed), daemon=True)
     killer.start()
-    report = smoke(api, ci_mini, smoke_stack, models["trained"], tmp_path)
+    report = smoke(api, ci_mini, smoke_stack, models["trained"], tmp_path / "report", mounts)
     killer.join(timeout=5)
+    assert killed.is_set()
     assert CHECK_UP in failed_names(report) <= {CHECK_UP, CHECK_REQUEST}
     died = next(c for c in report.failed() if c.name == CHECK_UP).detail
     assert died.startswith("server died while serving: exit code 137")
-    # The kill races the first (tiny, fast) answer, so some numbers may exist; the verdict may not.
     assert not report.passed
 
 
-def kill_when_serving(earlier: set[str]) -> None:
+def kill_when_held(earlier: set[str], killed: threading.Event) -> None:
     """Its own engine client: the harness's client is busy in another thread. Containers in
     `earlier` are skipped: an earlier test's may still be on its way out, and asking for its logs
     then fails (409), which once ended this thread before it killed anything."""
@@ -173,12 +207,19 @@ def kill_when_serving(earlier: set[str]) -> None:
             if container.id in earlier:
                 continue
             try:
-                if b"POST /v1/chat/completions" in container.logs():
+                if HELD_MARKER.encode() in container.logs():
                     container.kill()
+                    killed.set()
                     return
             except APIError:
                 continue
         time.sleep(0.2)
+
+
+def site_packages(api: Any, ci_mini: dict[str, str], stack: ResolvedStack) -> str:
+    """Where the image's server Python looks for .pth files."""
+    env = dict(e.split("=", 1) for e in api.images.get(ci_mini["ref"]).attrs["Config"]["Env"])
+    return f"{env['VIRTUAL_ENV']}/lib/python{stack.manifest.python.version}/site-packages"
 
 
 def test_a_kernel_compile_in_the_server_log_fails(
@@ -189,9 +230,7 @@ def test_a_kernel_compile_in_the_server_log_fails(
     tmp_path: Path,
 ) -> None:
     """A .pth file makes the server's Python print a ninja/nvcc line, as a FlashInfer JIT would."""
-    env = dict(e.split("=", 1) for e in api.images.get(ci_mini["ref"]).attrs["Config"]["Env"])
-    python = smoke_stack.manifest.python.version
-    site = f"{env['VIRTUAL_ENV']}/lib/python{python}/site-packages/zz_fake_jit.pth"
+    site = f"{site_packages(api, ci_mini, smoke_stack)}/zz_fake_jit.pth"
     line = "[1/3] /usr/local/cuda/bin/nvcc -gencode=arch=compute_120f,code=sm_120f -c norm.cu"
     pth = tmp_path / "fake_jit.pth"
     pth.write_text(f"import sys; sys.stderr.write({line!r} + chr(10))\n")
