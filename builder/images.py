@@ -60,6 +60,6 @@ def image_labels(stack: ResolvedStack, content_hash: str) -> dict[str, str]:
         "org.opencontainers.image.created": created_timestamp(),
         "sm120-stacks.stack": stack.name,
         "sm120-stacks.content-hash": content_hash,
-        "sm120-stacks.manifest": canonical_json(stack.to_json()),
+        "sm120-stacks.manifest": canonical_json(stack.to_json(editorial=False)),
         "sm120-stacks.arch": canonical_json(stack.arch.env),
     }

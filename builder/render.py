@@ -242,7 +242,7 @@ def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> Rendere
     files: dict[str, tuple[bytes, int]] = {
         "Dockerfile": (_tidy(dockerfile).encode(), REGULAR),
         "manifest.json": (
-            (json.dumps(stack.to_json(), indent=2, sort_keys=True) + "\n").encode(),
+            (json.dumps(stack.to_json(editorial=False), indent=2, sort_keys=True) + "\n").encode(),
             REGULAR,
         ),
         "requirements/all.txt": (requirements(stack).encode(), REGULAR),

@@ -26,6 +26,9 @@ from builder.substitute import Substitutions
 from builder.yamlsafe import YamlDocument, dotted, load_yaml
 
 STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+#: Manifest fields that describe a stack but do not shape its image. They stay out of the
+#: image's identity, so marking a stack `working` or adding a note keeps its test and push records.
+EDITORIAL_FIELDS = frozenset({"description", "status", "notes"})
 MAX_EXTENDS_DEPTH = 32
 
 
@@ -42,9 +45,11 @@ class ResolvedStack:
     #: Base references replaced by site substitution: original -> substitute.
     base_substitutions: dict[str, str] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The resolved manifest with derived values: what `show` prints and images carry."""
-        data = self.manifest.model_dump(mode="json", exclude={"extends"})
+    def to_json(self, editorial: bool = True) -> dict[str, Any]:
+        """The resolved manifest with derived values: what `show` prints. Without the editorial
+        fields it is what images carry and what the content hash covers."""
+        excluded = {"extends"} | (set() if editorial else set(EDITORIAL_FIELDS))
+        data = self.manifest.model_dump(mode="json", exclude=excluded)
         data["name"] = self.name
         data["derived"] = {
             "arch_env": self.arch.env,

@@ -81,6 +81,21 @@ def test_serve_argument_change_touches_only_the_last_lines(stacks_dir: Path) -> 
     assert changed == [len(before) - 1], "only the CMD line may change"
 
 
+def test_status_description_and_notes_keep_the_content_hash(stacks_dir: Path) -> None:
+    """Marking a stack tested must not forget that it was tested: records key on this hash."""
+    (stacks_dir / "child.yaml").write_text("extends: vllm-0.22-marlin\n")
+    before = render(resolve("child", stacks_dir)).content_hash()
+    (stacks_dir / "child.yaml").write_text(
+        "extends: vllm-0.22-marlin\nstatus: known-bad\ndescription: Edited.\n"
+        "notes: [{text: Prints garbage on some prompts., evidence: ['https://example.org/r/1']}]\n"
+    )
+    edited = resolve("child", stacks_dir)
+    assert edited.manifest.status == "known-bad" and edited.to_json()["status"] == "known-bad"
+    assert render(edited).content_hash() == before
+    (stacks_dir / "child.yaml").write_text("extends: vllm-0.22-marlin\nenv: {EXTRA: '1'}\n")
+    assert render(resolve("child", stacks_dir)).content_hash() != before
+
+
 def test_arch_flags_reach_each_consumer_in_its_own_spelling() -> None:
     dockerfile = rendered_dockerfile("vllm-0.22-marlin")
     assert 'FLASHINFER_CUDA_ARCH_LIST="12.0f"' in dockerfile
