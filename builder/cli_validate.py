@@ -10,7 +10,6 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from builder import smoke
 from builder.cli import Settings, cli, out, pass_settings, user_errors
 from builder.engine import engine_api
 from builder.errors import StackError
@@ -101,6 +100,8 @@ def _smoke_runner(
     stdout carries the JSON report alone, so the smoke's own table goes to stderr."""
 
     def run(image_ref: str, report_dir: Path) -> dict[str, Any] | str:
+        from builder import smoke  # imports requests: paid only when a smoke runs
+
         needs_gpu = stack.manifest.smoke.needs_gpu
         if needs_gpu:
             skip = smoke.gpu_gate(api, require_gpu=require_gpu)

@@ -1,7 +1,7 @@
 """The static image checks: a pytest-testinfra module run against a container of the image.
 
 validate.py runs this file with pytest and `--hosts=docker://<container>`, and hands it what to
-expect through a plugin (validate.CheckInputs) that provides the `expect`, `inspect` and
+expect through a plugin (run_image_checks.CheckInputs) that provides the `expect`, `inspect` and
 `proxy_ca_lines` fixtures and the parameters. Nothing is read from the environment or at import,
 so one process can check several images. Every check is generic; the manifest decides what it
 expects. Nothing here needs a GPU.

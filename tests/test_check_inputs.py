@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from builder.validate import CheckInputs, run_checks
+from builder.run_image_checks import CheckInputs, run_checks
 
 CONFIG_CHECKS = "labels_identify_the_stack or config_runs_the_serve_command"
 
