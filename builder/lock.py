@@ -206,7 +206,9 @@ def lock_requirements(lock: Lock, part: Literal["heavy", "packages"]) -> str:
     """A pip requirements file of one part of the lock, every line hash-pinned."""
     py = lock.python
     lines = [
-        f"# From stacks/{lock.stack}.lock ({part}); install with --require-hashes --no-deps.",
+        # No stack name here: stacks that lock the same set (b12x and marlin differ only in
+        # serve settings) must render the same bytes, or their package layers are not shared.
+        f"# From the stack's lock ({part}); install with --require-hashes --no-deps.",
         f"--index-url {py.index_url}",
         *(f"--extra-index-url {url}" for url in py.extra_index_urls),
     ]

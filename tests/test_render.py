@@ -96,6 +96,18 @@ def test_status_description_and_notes_keep_the_content_hash(stacks_dir: Path) ->
     assert render(resolve("child", stacks_dir)).content_hash() != before
 
 
+def test_stacks_with_the_same_locked_set_share_their_package_layers() -> None:
+    """b12x and marlin lock the same packages: every file their package layers COPY must be
+    the same bytes (the lock's stack name in a header once made marlin reinstall 9 GB)."""
+    b12x, marlin = (
+        render(resolve(name, STACKS)) for name in ("vllm-0.22-b12x", "vllm-0.22-marlin")
+    )
+    requirements = sorted(p for p in b12x.files if p.startswith("requirements/"))
+    assert "requirements/lock.txt" in requirements
+    assert requirements == sorted(p for p in marlin.files if p.startswith("requirements/"))
+    assert all(b12x.files[p] == marlin.files[p] for p in requirements)
+
+
 def test_arch_flags_reach_each_consumer_in_its_own_spelling() -> None:
     dockerfile = rendered_dockerfile("vllm-0.22-marlin")
     assert 'FLASHINFER_CUDA_ARCH_LIST="12.0f"' in dockerfile
