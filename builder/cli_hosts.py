@@ -20,7 +20,7 @@ from builder.drift import verify as verify_host
 from builder.engine import engine_api
 from builder.errors import StackError, ToolMissing
 from builder.hostcheck import Finding, check, gather, requirements_for
-from builder.lock import lock_path, make_lock, write_lock
+from builder.lock import lock_path, make_lock, read_lock, write_lock
 from builder.pins import PinOptions, load_pin, make_pin, write_pin
 from builder.records import load_record
 from builder.registry import Registry
@@ -49,13 +49,21 @@ def _engine() -> tuple[Any | None, str | None]:
 
 @cli.command()
 @click.argument("stack")
+@click.option(
+    "--versions-from",
+    "versions_from",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Another lock whose versions to keep wherever this stack allows (a local variant "
+    "of a flagship: its lock); what had to move is listed and recorded.",
+)
 @pass_settings
 @user_errors
-def lock(settings: Settings, stack: str) -> None:
+def lock(settings: Settings, stack: str, versions_from: Path | None) -> None:
     """Write stacks/STACK.lock: base digests and every Python package, hash-pinned (uv)."""
     resolved = settings.checked(stack)
+    prefer = read_lock(versions_from) if versions_from is not None else None
     api, why = _engine()
-    made = make_lock(resolved, api)
+    made = make_lock(resolved, api, prefer)
     path = lock_path(resolved)
     write_lock(path, made)
     py = made.python
@@ -65,6 +73,11 @@ def lock(settings: Settings, stack: str) -> None:
     )
     for role, base in (("build", made.bases.build), ("runtime", made.bases.runtime)):
         click.echo(f"  {role} base {base.reference}: {base.note}")
+    if made.python.versions_from is not None:
+        source = made.python.versions_from
+        click.echo(f"  versions of {versions_from} kept but for {len(source.differs)}:")
+        for name, change in source.differs.items():
+            click.echo(f"    {name}: {change}")
     if why:
         click.echo(f"  (no engine: {why})")
 

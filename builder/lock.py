@@ -68,6 +68,19 @@ class LockedPackage(_Strict):
     hashes: list[Hash] = Field(min_length=1)
 
 
+class VersionSource(_Strict):
+    """Another lock whose versions this one was resolved to prefer (`lock --versions-from`).
+
+    A local variant of a flagship (another Python, say) then installs the flagship's locked
+    set wherever its Python allows; the packages where it does not are listed, not hidden.
+    """
+
+    stack: str
+    inputs_hash: Hash
+    #: Packages at another version here, or on one side only: name -> "theirs -> ours".
+    differs: dict[PackageName, str] = Field(default_factory=dict)
+
+
 class LockedPython(_Strict):
     version: str
     platform: str
@@ -78,6 +91,10 @@ class LockedPython(_Strict):
     heavy: dict[PackageName, LockedPackage] = Field(default_factory=dict)
     #: Everything else the stack needs.
     packages: dict[PackageName, LockedPackage]
+    versions_from: VersionSource | None = None
+
+    def versions(self) -> dict[str, str]:
+        return {name: pin.version for name, pin in {**self.heavy, **self.packages}.items()}
 
 
 class Lock(_Strict):
@@ -222,8 +239,12 @@ def lock_requirements(lock: Lock, part: Literal["heavy", "packages"]) -> str:
 # --- making ------------------------------------------------------------------------------------
 
 
-def make_lock(stack: ResolvedStack, api: Any | None) -> Lock:
-    """Resolve the stack's complete dependency set (uv) and its base digests (engine)."""
+def make_lock(stack: ResolvedStack, api: Any | None, prefer: Lock | None = None) -> Lock:
+    """Resolve the stack's complete dependency set (uv) and its base digests (engine).
+
+    With `prefer`, uv starts from that lock's versions and moves only what this stack's
+    Python, platform or pins require (uv keeps the pins of an existing output file).
+    """
     uv = find_uv()
     m = stack.manifest
     py = m.python
@@ -234,7 +255,10 @@ def make_lock(stack: ResolvedStack, api: Any | None) -> Lock:
         # An override is installed whether or not anything asks for it (unlocked builds install
         # overrides.txt on their own); uv's --override only replaces requirements, so an
         # override nothing depends on (flashinfer-cubin on the 0.17 stack) is also a direct one.
-        full = _compile(uv, stack, work, "all", top + overrides, overrides, constraints=None)
+        preferred = prefer.python.versions() if prefer is not None else None
+        full = _compile(
+            uv, stack, work, "all", top + overrides, overrides, constraints=None, prefer=preferred
+        )
         _check_pins_locked(stack, full)
         heavy_names = {normalize(n) for n in py.heavy if n in py.packages}
         heavy: dict[str, LockedPackage] = {}
@@ -262,13 +286,26 @@ def make_lock(stack: ResolvedStack, api: Any | None) -> Lock:
             extra_index_urls=list(py.extra_index_urls),
             heavy=heavy,
             packages={n: p for n, p in full.items() if n not in heavy},
+            versions_from=_version_source(prefer, full) if prefer is not None else None,
         ),
     )
+
+
+def _version_source(prefer: Lock, locked: dict[str, LockedPackage]) -> VersionSource:
+    theirs, ours = prefer.python.versions(), {n: p.version for n, p in locked.items()}
+    differs = {
+        name: f"{theirs.get(name, 'absent')} -> {ours.get(name, 'absent')}"
+        for name in sorted(theirs.keys() | ours.keys())
+        if theirs.get(name) != ours.get(name)
+    }
+    return VersionSource(stack=prefer.stack, inputs_hash=prefer.inputs_hash, differs=differs)
 
 
 def write_lock(path: Path, lock: Lock) -> None:
     """Atomically, as YAML with one hash per line (diffs in review show exactly what moved)."""
     data = lock.model_dump(mode="json")
+    if lock.python.versions_from is None:
+        del data["python"]["versions_from"]  # locks made without a preference stay as they were
     text = HEADER.format(stack=lock.stack) + yaml.dump(
         data, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=200
     )
@@ -333,6 +370,7 @@ def _compile(
     requirements: list[str],
     overrides: list[str],
     constraints: list[str] | None,
+    prefer: dict[str, str] | None = None,
 ) -> dict[str, LockedPackage]:
     py = stack.manifest.python
     source = work / f"{stack.name}-{label}.in"
@@ -363,6 +401,8 @@ def _compile(
         (work / "constraints.txt").write_text("\n".join(constraints) + "\n")
         argv += ["--constraint", str(work / "constraints.txt")]
     output = work / f"{label}.txt"
+    if prefer:
+        output.write_text("".join(f"{name}=={version}\n" for name, version in prefer.items()))
     argv += ["--output-file", str(output), str(source)]
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=UV_TIMEOUT_S)

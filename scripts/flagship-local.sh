@@ -3,7 +3,9 @@
 # nvidia/cuda base is substituted by local/cuda:13.0.2-devel-bookworm (`make base-cuda-local`).
 # That base is Debian 12, whose Python is 3.11 (Ubuntu 24.04's 3.12 is not installable here),
 # so a local variant overrides python.version and the apt package names and nothing else: the
-# pins, arch flags, JIT modules and serve settings are the flagship's own.
+# pins, arch flags, JIT modules and serve settings are the flagship's own. The variant is locked
+# to prefer the flagship's committed lock (stacks/STACK.lock), so its image installs the locked
+# set wherever Python 3.11 allows, hash-checked; `lock` lists the packages that had to move.
 #
 #   scripts/flagship-local.sh vllm-0.22-marlin     # hours the first time on 2 cores
 set -euo pipefail
@@ -27,6 +29,9 @@ scripts/make-base-cuda-local.sh
 export SM120_STACKS_BASE_SUBSTITUTE="nvidia/cuda:13.0.2-devel-ubuntu24.04=local/cuda:13.0.2-devel-bookworm"
 export SM120_STACKS_CA_BUNDLE="${SM120_STACKS_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 cli=(.venv/bin/sm120-stacks --stacks-dir "$work/stacks" --build-dir build)
+if [[ -f "stacks/$stack.lock" ]]; then  # before check: a lock of an older manifest is stale
+  "${cli[@]}" lock "$stack-local" --versions-from "stacks/$stack.lock"
+fi
 "${cli[@]}" check "$stack-local"
 "${cli[@]}" build "$stack-local"
 "${cli[@]}" test "$stack-local"

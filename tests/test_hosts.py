@@ -193,6 +193,18 @@ def test_a_lock_that_no_longer_matches_is_refused_and_reported(
     assert rendered.exit_code == 2 and "Traceback" not in rendered.output
 
 
+def test_a_malformed_versions_from_lock_exits_2_naming_it(
+    stacks_dir: Path, run_cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    bad = tmp_path / "flagship.lock"
+    bad.write_text("schema_version: 1\nstack: flagship\npython: {packages: []}\n")
+    committed = (stacks_dir / f"{STACK}.lock").read_bytes()
+    result = run_cli("lock", STACK, "--versions-from", str(bad), stacks_dir=stacks_dir)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert str(bad) in result.output
+    assert (stacks_dir / f"{STACK}.lock").read_bytes() == committed, "the lock is untouched"
+
+
 def test_serve_changes_need_no_new_lock(stacks_dir: Path) -> None:
     stack = resolve(STACK, stacks_dir)
     write_lock(lock_path(stack), _lock_for(stack))

@@ -36,3 +36,32 @@ def test_an_override_nothing_depends_on_is_locked(
     assert locked["six"].version == "1.16.0"
     assert locked["packaging"].version == "24.1"
     assert all(h.startswith("sha256:") for h in locked["six"].hashes)
+
+
+def test_versions_from_another_lock_are_kept_where_the_stack_allows(
+    stacks_dir: Path, write_stack: Callable[..., Path]
+) -> None:
+    """A flagship's local variant resolves to the flagship's locked set, not to today's releases
+    (unlocked, the local b12x image got transformers 5.24.0 where the lock has 4.57.6); what the
+    variant's own pins force is recorded."""
+    manifest = yaml.safe_load((stacks_dir / "ci-mini.yaml").read_text())
+    manifest["jit_cache"] = {"modules": []}
+    python = {"version": "3.12", "packages": {"requests": "2.32.3"}}
+    manifest["python"] = {**python, "packages": {"requests": "2.32.3", "urllib3": "2.2.0"}}
+    write_stack("flagship", manifest)
+    flagship = make_lock(resolve("flagship", stacks_dir), api=None)
+    manifest["python"] = {**python, "version": "3.11", "packages": {"requests": "2.32.3"}}
+    manifest["python"]["packages"]["idna"] = "3.7"  # older than the flagship resolves
+    write_stack("variant", manifest)
+    variant = resolve("variant", stacks_dir)
+
+    fresh = make_lock(variant, api=None)
+    assert fresh.python.versions()["urllib3"] != "2.2.0", "nothing to prefer: today's urllib3"
+    assert fresh.python.versions_from is None
+
+    kept = make_lock(variant, api=None, prefer=flagship)
+    assert kept.python.versions()["urllib3"] == "2.2.0"
+    assert kept.python.versions_from is not None
+    assert kept.python.versions_from.stack == "flagship"
+    theirs = flagship.python.versions()["idna"]
+    assert kept.python.versions_from.differs == {"idna": f"{theirs} -> 3.7"}
