@@ -11,6 +11,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from builder.lock import current_lock
 from builder.render import JIT_WORKSPACE, VENV, serve_argv, template_context
 from builder.resolve import ResolvedStack
 
@@ -29,6 +30,8 @@ class Expectations:
     content_hash: str
     python: str
     packages: dict[str, str]
+    #: The lock's whole set (name -> version) when the stack has a lock: the image holds it exactly.
+    locked: dict[str, str] | None
     env: dict[str, str]
     cuda_release: str
     nvcc_wheel: str | None
@@ -51,11 +54,13 @@ def expectations(stack: ResolvedStack, content_hash: str) -> Expectations:
     env = {**ctx.jit_env, **ctx.env, "MAX_JOBS": str(ctx.max_jobs_default)}
     cuda_version = m.cuda.split(".")
     nvcc_pin = pins.get("nvidia-cuda-nvcc")
+    lock = current_lock(stack)
     return Expectations(
         stack=stack.name,
         content_hash=content_hash,
         python=f"{VENV}/bin/python",
         packages={str(canonicalize_name(n)): pin.version for n, pin in pins.items()},
+        locked=lock.python.versions() if lock is not None else None,
         env=env,
         cuda_release=f"{cuda_version[0]}.{cuda_version[1]}",
         nvcc_wheel=nvcc_pin.version if nvcc_pin else None,

@@ -28,6 +28,32 @@ def test_package_version_equals_the_pin(host: Any, expect: dict[str, Any], packa
     assert json.loads(out)[package] == expect["packages"][package]
 
 
+#: Every distribution the image's Python sees, by PEP 503 name.
+INSTALLED_SCRIPT = (
+    "import importlib.metadata as m, json, re;"
+    "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version"
+    " for d in m.distributions()}))"
+)
+#: Installed by the virtual environment itself, not by the stack's requirements.
+VENV_OWN = {"pip"}
+
+
+def test_installed_set_equals_the_lock(host: Any, expect: dict[str, Any]) -> None:
+    """Pins say what we chose; the lock says everything. A package that floated (transformers
+    5.x under a lock of 4.57) is caught here, not at serve time."""
+    if expect.get("locked") is None:
+        pytest.skip("the stack has no lock")
+    out = host.check_output("%s -c %s", expect["python"], INSTALLED_SCRIPT)
+    installed = {n: v for n, v in json.loads(out).items() if n not in VENV_OWN}
+    locked = expect["locked"]
+    wrong = sorted(
+        f"{name} {locked.get(name, 'not locked')} -> {installed.get(name, 'missing')}"
+        for name in installed.keys() | locked.keys()
+        if installed.get(name) != locked.get(name)
+    )
+    assert not wrong, f"{len(wrong)} differ from the lock: {', '.join(wrong[:8])}"
+
+
 def test_environment_variable(host: Any, expect: dict[str, Any], variable: str) -> None:
     assert host.environment().get(variable) == expect["env"][variable]
 

@@ -7,7 +7,10 @@ own: the checks module stays imported between them, which is where import-time g
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +61,25 @@ def test_each_run_judges_by_its_own_expectations(tmp_path: Path) -> None:
     assert mislabelled["config_runs_the_serve_command"] is True
     again = _verdicts(_expect("alpha"), _inspect("alpha"), tmp_path)
     assert again == good
+
+
+def test_the_installed_set_must_equal_the_lock(tmp_path: Path) -> None:
+    """Against this test's own environment: its exact set passes, one moved version fails, and a
+    stack without a lock skips the check."""
+    environment = {
+        re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version
+        for d in importlib.metadata.distributions()
+    }
+    environment.pop("pip", None)
+    expect = {**_expect("alpha"), "python": sys.executable, "locked": environment}
+
+    def verdict(locked: dict[str, str] | None) -> Any:
+        inputs = CheckInputs({**expect, "locked": locked}, _inspect("alpha"), [])
+        (result,) = run_checks(inputs, "local://", tmp_path, "installed_set_equals_the_lock")
+        return result
+
+    assert verdict(environment).passed
+    moved = verdict({**environment, "pyyaml": "0.0.1"})
+    assert not moved.passed and "pyyaml 0.0.1 -> " in moved.detail
+    assert "missing" in verdict({**environment, "not-installed-here": "1.0"}).detail
+    assert verdict(None).skipped
