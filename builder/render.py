@@ -192,7 +192,8 @@ def compile_inputs_digest(
         "apt": apt,
         "toolchain_env": m.build.toolchain_env,
         "python": m.python.model_dump(mode="json"),
-        "lock": lock.python.model_dump(mode="json") if lock is not None else None,
+        # Where the lock's versions came from is a note, not an input of the objects.
+        "lock": lock.python.model_dump(mode="json", exclude={"versions_from"}) if lock else None,
         "patches": [p.sha256 for p in m.patches],
     }
     return hashlib.sha256(canonical_json(inputs).encode()).hexdigest()[:12]
