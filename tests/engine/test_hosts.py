@@ -244,6 +244,34 @@ def test_the_image_holds_exactly_the_locked_set_installed_with_hashes(
     assert installed == {name: pin["version"] for name, pin in locked.items()}
 
 
+def test_the_image_check_compares_the_whole_locked_set(
+    deployed: dict[str, Any], workspace: Path, api: Any, tmp_path: Path
+) -> None:
+    """`test`'s check of the locked set, in a container of the locked image: it passes, and a
+    lock whose transformers moved (as pip floated it to 5.x on an unlocked build) fails it."""
+    from builder.expectations import expectations
+    from builder.run_image_checks import CheckInputs, run_checks
+
+    expect = expectations(resolve(STACK, workspace / "stacks"), deployed["hash"]).to_json()
+    assert expect["locked"] and "transformers" in expect["locked"]
+    container = api.containers.run(
+        deployed["image"], ["sleep", "infinity"], detach=True, network_mode="none"
+    )
+    try:
+
+        def verdict(locked: dict[str, str]) -> Any:
+            inputs = CheckInputs({**expect, "locked": locked}, {}, [])
+            hosts = f"docker://{container.id}"
+            (result,) = run_checks(inputs, hosts, tmp_path, "installed_set_equals_the_lock")
+            return result
+
+        assert verdict(expect["locked"]).passed
+        floated = verdict({**expect["locked"], "transformers": "0.0.1"})
+        assert not floated.passed and "transformers 0.0.1 -> " in floated.detail
+    finally:
+        container.remove(force=True)
+
+
 def test_pin_records_the_pushed_digest_and_deploy_runs_it(
     deployed: dict[str, Any], registry: Registry, api: Any
 ) -> None:
