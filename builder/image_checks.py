@@ -34,8 +34,9 @@ INSTALLED_SCRIPT = (
     "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version"
     " for d in m.distributions()}))"
 )
-#: Installed by the virtual environment itself, not by the stack's requirements.
-VENV_OWN = {"pip"}
+#: Seeded by `python -m venv` itself (setuptools too before Python 3.12), not by the stack:
+#: compared only when the lock holds them.
+VENV_SEEDED = {"pip", "setuptools"}
 
 
 def test_installed_set_equals_the_lock(host: Any, expect: dict[str, Any]) -> None:
@@ -44,8 +45,8 @@ def test_installed_set_equals_the_lock(host: Any, expect: dict[str, Any]) -> Non
     if expect.get("locked") is None:
         pytest.skip("the stack has no lock")
     out = host.check_output("%s -c %s", expect["python"], INSTALLED_SCRIPT)
-    installed = {n: v for n, v in json.loads(out).items() if n not in VENV_OWN}
     locked = expect["locked"]
+    installed = {n: v for n, v in json.loads(out).items() if n in locked or n not in VENV_SEEDED}
     wrong = sorted(
         f"{name} {locked.get(name, 'not locked')} -> {installed.get(name, 'missing')}"
         for name in installed.keys() | locked.keys()

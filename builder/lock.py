@@ -269,15 +269,14 @@ def make_lock(stack: ResolvedStack, api: Any | None, prefer: Lock | None = None)
             heavy = {name: full[name] for name in subset if name in full}
     inputs = lock_inputs(stack)
     bases = original_bases(stack)
+    # One question per image: build and runtime are usually the same one.
+    found = {base: resolve_base(*base, api) for base in set(bases.values())}
     return Lock(
         schema_version=LOCK_SCHEMA,
         stack=stack.name,
         inputs_hash=inputs_hash(inputs),
         inputs=inputs,
-        bases=LockedBases(
-            build=resolve_base(*bases["build"], api),
-            runtime=resolve_base(*bases["runtime"], api),
-        ),
+        bases=LockedBases(build=found[bases["build"]], runtime=found[bases["runtime"]]),
         python=LockedPython(
             version=py.version,
             platform=UV_PLATFORMS[m.platform],

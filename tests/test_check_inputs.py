@@ -65,7 +65,7 @@ def test_each_run_judges_by_its_own_expectations(tmp_path: Path) -> None:
 
 def test_the_installed_set_must_equal_the_lock(tmp_path: Path) -> None:
     """Against this test's own environment: its exact set passes, one moved version fails, and a
-    stack without a lock skips the check."""
+    stack without a lock skips the check. Needs setuptools installed here (a dev dependency's)."""
     environment = {
         re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version
         for d in importlib.metadata.distributions()
@@ -82,4 +82,8 @@ def test_the_installed_set_must_equal_the_lock(tmp_path: Path) -> None:
     moved = verdict({**environment, "pyyaml": "0.0.1"})
     assert not moved.passed and "pyyaml 0.0.1 -> " in moved.detail
     assert "missing" in verdict({**environment, "not-installed-here": "1.0"}).detail
+    # setuptools: seeded by venv on Python 3.11, so ignored unless the lock holds it.
+    unseeded = {n: v for n, v in environment.items() if n != "setuptools"}
+    assert verdict(unseeded).passed
+    assert "setuptools 0.0.1 -> " in verdict({**environment, "setuptools": "0.0.1"}).detail
     assert verdict(None).skipped
