@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from builder.lock import current_lock
+from builder.lock import Lock
 from builder.render import JIT_WORKSPACE, VENV, serve_argv, template_context
 from builder.resolve import ResolvedStack
 
@@ -47,14 +47,13 @@ class Expectations:
         return asdict(self)
 
 
-def expectations(stack: ResolvedStack, content_hash: str) -> Expectations:
+def expectations(stack: ResolvedStack, content_hash: str, lock: Lock | None) -> Expectations:
     m = stack.manifest
     pins = {**m.python.packages, **m.python.overrides}
     ctx = template_context(stack)
     env = {**ctx.jit_env, **ctx.env, "MAX_JOBS": str(ctx.max_jobs_default)}
     cuda_version = m.cuda.split(".")
     nvcc_pin = pins.get("nvidia-cuda-nvcc")
-    lock = current_lock(stack)
     return Expectations(
         stack=stack.name,
         content_hash=content_hash,

@@ -79,6 +79,9 @@ class RenderedContext:
 
     stack: str
     files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    #: The lock the context installs from (None: resolved at build time). Kept so that later
+    #: steps judge the image by the lock it was built from, without reading the file again.
+    lock: Lock | None = None
 
     @property
     def dockerfile(self) -> str:
@@ -279,7 +282,7 @@ def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> Rendere
             files[f"patches/{name}"] = (content, REGULAR)
             sums.append(f"{hashlib.sha256(content).hexdigest()}  {name}")
         files["patches/SHA256SUMS"] = (("\n".join(sums) + "\n").encode(), REGULAR)
-    return RenderedContext(stack=stack.name, files=files)
+    return RenderedContext(stack=stack.name, files=files, lock=lock)
 
 
 def write_context(rendered: RenderedContext, target: Path) -> Path:

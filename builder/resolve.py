@@ -48,7 +48,7 @@ class ResolvedStack:
     def to_json(self, editorial: bool = True) -> dict[str, Any]:
         """The resolved manifest with derived values: what `show` prints. Without the editorial
         fields it is what images carry and what the content hash covers."""
-        excluded = {"extends"} | (set() if editorial else set(EDITORIAL_FIELDS))
+        excluded = {"extends"} if editorial else {"extends", *EDITORIAL_FIELDS}
         data = self.manifest.model_dump(mode="json", exclude=excluded)
         data["name"] = self.name
         data["derived"] = {

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from builder.validate import CHECKS_MODULE, CheckResult
+from builder.validate import CheckResult
+
+CHECKS_MODULE = Path(__file__).with_name("image_checks.py")
 
 
 class _Collector:

@@ -22,11 +22,10 @@ from builder.build import find_image
 from builder.errors import StackError
 from builder.expectations import expectations
 from builder.images import HASH_CHARS, local_ref
+from builder.lock import Lock
 from builder.records import load_record, save_record, write_atomic
 from builder.render import render
 from builder.resolve import ResolvedStack
-
-CHECKS_MODULE = Path(__file__).with_name("image_checks.py")
 
 
 @dataclass
@@ -74,10 +73,11 @@ def run_static_checks(
     stack: ResolvedStack,
     image_ref: str,
     content_hash: str,
+    lock: Lock | None,
     workdir: Path,
     proxy_ca: Path | None = None,
 ) -> list[CheckResult]:
-    expect = expectations(stack, content_hash).to_json()
+    expect = expectations(stack, content_hash, lock).to_json()
     inspect = api.images.get(image_ref).attrs
     # Kept beside the report, so a failed check can be replayed by hand.
     (workdir / "expectations.json").write_text(json.dumps(expect, indent=2))
@@ -172,7 +172,8 @@ def validate(
     smoke: Any = None,
 ) -> TestReport:
     """Static checks and cache table now; `smoke` (a callable) adds the smoke prompt result."""
-    content_hash = render(stack).content_hash()
+    rendered = render(stack)
+    content_hash = rendered.content_hash()
     image_ref = local_ref(stack.name, content_hash)
     if find_image(api, image_ref, content_hash) is None:
         raise StackError(
@@ -184,7 +185,7 @@ def validate(
     stack_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sm120-checks-") as scratch:
         report.checks = run_static_checks(
-            api, stack, image_ref, content_hash, Path(scratch), proxy_ca
+            api, stack, image_ref, content_hash, rendered.lock, Path(scratch), proxy_ca
         )
     report.jit_cache = cache_table(api, stack, image_ref)
     if smoke is not None:

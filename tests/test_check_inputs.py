@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from packaging.utils import canonicalize_name
 
 from builder.run_image_checks import CheckInputs, run_checks
 
@@ -67,8 +68,7 @@ def test_the_installed_set_must_equal_the_lock(tmp_path: Path) -> None:
     """Against this test's own environment: its exact set passes, one moved version fails, and a
     stack without a lock skips the check. Needs setuptools installed here (a dev dependency's)."""
     environment = {
-        re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version
-        for d in importlib.metadata.distributions()
+        canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()
     }
     environment.pop("pip", None)
     expect = {**_expect("alpha"), "python": sys.executable, "locked": environment}

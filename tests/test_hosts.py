@@ -157,6 +157,7 @@ def test_lock_round_trip_and_render_installs_from_it(stacks_dir: Path) -> None:
     lock = read_lock(lock_path(stack))
     assert stale_reason(stack, lock) is None
     locked = render(stack)
+    assert locked.lock == lock  # what `test` then judges the image by
     dockerfile = locked.dockerfile
     assert f"FROM nvidia/cuda:13.0.2-devel-ubuntu24.04@{DIGEST} AS toolchain" in dockerfile
     assert "--require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock-heavy.txt" in (
