@@ -8,7 +8,7 @@ CLI := $(BIN)/sm120-stacks
 STACK ?= ci-mini
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship clean
+.PHONY: help venv host host-registry stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship clean
 
 help:
 	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml"
@@ -31,14 +31,22 @@ venv: $(VENV)/.installed
 # The CPU test stack serves a tiny model made here; real stacks download theirs at serve time.
 SMOKE_MOUNTS ?= $(if $(filter ci-mini%,$(STACK)),--mount $(CURDIR)/build/tiny-model:/models/tiny)
 
-stack: venv $(if $(filter ci-mini%,$(STACK)),build/tiny-model base-cuda-local)
+# The engine (and, for the tests, a local registry): installed and started on a fresh Debian
+# machine as root; two pings when they already run (scripts/host-setup.sh).
+host:
+	scripts/host-setup.sh
+
+host-registry:
+	scripts/host-setup.sh --registry
+
+stack: venv host $(if $(filter ci-mini%,$(STACK)),build/tiny-model base-cuda-local)
 	$(CLI) build $(STACK)
 	$(CLI) test $(STACK) $(SMOKE_MOUNTS)
 
 build/tiny-model: | venv
 	$(BIN)/python -m tests.support.tinymodel $@
 
-build: venv
+build: venv host
 	$(CLI) build $(STACK)
 
 render: venv
@@ -47,14 +55,18 @@ render: venv
 check: venv
 	$(CLI) check
 
+# templates/tools/ runs inside every image: the same lint and types as builder/.
+LINTED := builder tests bench templates/tools
+
 lint: venv
-	$(BIN)/ruff check builder tests bench
-	$(BIN)/ruff format --check builder tests bench
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/lint-imports
 
 typecheck: venv
-	$(BIN)/mypy builder
+	$(BIN)/mypy builder templates/tools
 
-test: lint typecheck
+test: lint typecheck host-registry
 	$(BIN)/pytest -ra tests
 
 test-fast: venv
@@ -73,7 +85,7 @@ wheels-local:
 	scripts/fetch-local-wheels.sh
 
 # Flagship stacks on a base made here (no registry needed): too long for CI, hence targets.
-flagship-local: venv
+flagship-local: venv host
 	scripts/flagship-local.sh $(STACK)
 
 bench: venv

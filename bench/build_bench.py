@@ -36,10 +36,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from builder import REPO_ROOT
-from builder.engine import detect_build_client
-from builder.images import local_ref
-from builder.render import render
-from builder.resolve import resolve
+from builder.image.engine import detect_build_client
+from builder.image.names import local_ref
+from builder.render.context import render
+from builder.spec.resolve import resolve
 
 CLI = [sys.executable, "-m", "builder"]
 

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from builder.engine import BuildClient, detect_build_client, engine_api
+from builder.image.engine import BuildClient, detect_build_client, engine_api
 
 SINGLE_STAGE_TARGET = "jit-cache"
 CACHE_MOUNT = re.compile(r"--mount=type=cache,(?:id=(?P<id>[^,]+),)?target=(?P<target>[^,\s]+)")

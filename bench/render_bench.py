@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from builder import REPO_ROOT
-from builder.check import check_stack
-from builder.render import render
-from builder.resolve import resolve, stack_names
+from builder.render.context import render
+from builder.spec.check import check_stack
+from builder.spec.resolve import resolve, stack_names
 
 REAL = REPO_ROOT / "stacks"
 

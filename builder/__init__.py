@@ -1,9 +1,9 @@
 """sm120-stacks: pinned, tested vLLM + FlashInfer images for NVIDIA sm120/sm121 GPUs.
 
-The pipeline runs one way, one module per step:
-manifest (manifest.py, yamlsafe.py) -> resolved stack (resolve.py, archflags.py, rules.py)
--> rendered build context (render.py) -> image (engine.py, build.py) -> test report
--> registry digest (registry.py) -> host pin.
+One subpackage per pipeline step, data flowing one way:
+spec (manifest -> resolved stack) -> lock -> render (build context) -> image (build, records,
+registry) -> verify (test report) -> hosts (pin, deploy, drift); cli sits on top. The layering
+is an import contract checked by `make lint` (.importlinter).
 """
 
 from pathlib import Path

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from builder import REPO_ROOT
-from builder.cli import cli
+from builder.cli.main import cli
 
 STACKS = REPO_ROOT / "stacks"
 
@@ -70,7 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     engine_items = [item for item in items if item.get_closest_marker("engine")]
     if not engine_items:
         return
-    from builder.engine import engine_reachable
+    from builder.image.engine import engine_reachable
 
     if engine_reachable():
         return

@@ -15,7 +15,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from builder.run_image_checks import CheckInputs, run_checks
+from builder.verify.run_checks import CheckInputs, run_checks
 
 CONFIG_CHECKS = "labels_identify_the_stack or config_runs_the_serve_command"
 

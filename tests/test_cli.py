@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from builder.cli import Terminated, _raise_terminated, cli, user_errors
-from builder.resolve import stack_names
+from builder.cli.app import Terminated, _raise_terminated, user_errors
+from builder.cli.main import cli
+from builder.spec.resolve import stack_names
 from tests.conftest import STACKS
 
 

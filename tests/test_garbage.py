@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.garbage import answer_matches, garbage_reasons
+from builder.verify.garbage import answer_matches, garbage_reasons
 
 #: What the broken sm120 stacks answered, verbatim from the seeds.
 SEED_GARBAGE = "  ,   ,  (!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"

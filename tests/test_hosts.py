@@ -1,6 +1,6 @@
 """Lock files, host pins, deploy files, drift and host checks, without an engine.
 
-Pins need a tested, pushed image; these tests write that fact with builder.records directly
+Pins need a tested, pushed image; these tests write that fact with builder.image.records directly
 (the `test` command that normally records it is exercised by the engine tests).
 """
 
@@ -17,9 +17,10 @@ import pytest
 import yaml
 from click.testing import Result
 
-from builder import cli_hosts
-from builder.deploy import docker_run_args, render_files, sdk_run_kwargs, systemd_quote
-from builder.drift import (
+from builder.cli import hosts as cli_hosts
+from builder.errors import StackError
+from builder.hosts.deploy import docker_run_args, render_files, sdk_run_kwargs, systemd_quote
+from builder.hosts.drift import (
     actual_config,
     compare_config,
     expected_config,
@@ -27,9 +28,10 @@ from builder.drift import (
     shm_bytes,
     state_drifts,
 )
-from builder.errors import StackError
-from builder.hostcheck import Gpu, HostFacts, Probe, check, gather, requirements_for
-from builder.lock import (
+from builder.hosts.hostcheck import Gpu, HostFacts, Probe, check, gather, requirements_for
+from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
+from builder.image.records import Record, save_record
+from builder.lock.lockfile import (
     LOCK_SCHEMA,
     Lock,
     LockedBase,
@@ -44,10 +46,8 @@ from builder.lock import (
     stale_reason,
     write_lock,
 )
-from builder.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
-from builder.records import Record, save_record
-from builder.render import render
-from builder.resolve import ResolvedStack, resolve
+from builder.render.context import render
+from builder.spec.resolve import ResolvedStack, resolve
 
 STACK = "vllm-0.22-marlin"  # no local wheels needed: resolves on any machine
 DIGEST = "sha256:" + "ab" * 32
@@ -78,7 +78,7 @@ def _tested_and_pushed(build_dir: Path, stack: ResolvedStack, **record: Any) -> 
 def _pin(stacks_dir: Path, tmp_path: Path, host: str = "gpu-node-07", **options: Any) -> Pin:
     stack = resolve(STACK, stacks_dir)
     content_hash = _tested_and_pushed(tmp_path / "build", stack)
-    from builder.records import load_record
+    from builder.image.records import load_record
 
     record = load_record(tmp_path / "build", STACK, content_hash)
     when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -557,7 +557,7 @@ def test_doctor_cli_reports_each_failure_with_its_fix(
 
 
 def test_a_site_substitution_keeps_the_lock_and_wins_over_its_digest(stacks_dir: Path) -> None:
-    from builder.substitute import Substitutions
+    from builder.spec.substitute import Substitutions
 
     stack = resolve(STACK, stacks_dir)
     write_lock(lock_path(stack), _lock_for(stack))

@@ -12,8 +12,8 @@ import zipfile
 
 import pytest
 
-from builder.render import flashinfer_version
-from builder.resolve import jit_modules_known, resolve, stack_names
+from builder.render.context import flashinfer_version
+from builder.spec.resolve import jit_modules_known, resolve, stack_names
 from tests.conftest import STACKS
 from tests.support.wheels import pinned_wheel
 

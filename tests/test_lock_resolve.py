@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from builder.lock import make_lock
-from builder.resolve import resolve
+from builder.lock.lockfile import make_lock
+from builder.spec.resolve import resolve
 
 
 def _small_stack(stacks_dir: Path, write_stack: Callable[..., Path], python: dict) -> Path:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.expectations import added_lines
-from builder.resolve import resolve, stack_names
+from builder.spec.resolve import resolve, stack_names
+from builder.verify.expectations import added_lines
 from tests.conftest import STACKS
 from tests.support.wheels import pinned_wheel
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from builder.progress import Progress, StepTracker
+from builder.image.progress import Progress, StepTracker
 
 LOG = """\
 #5 [toolchain 2/2] RUN python3.11 -m venv /opt/venv

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from click.testing import Result
 
-from builder.build import BuildOptions, build_argv, stack_dir_lock
-from builder.engine import BuildClient
-from builder.records import Record, load_record, save_record
-from builder.render import render
-from builder.resolve import resolve
+from builder.image.build import BuildOptions, build_argv, stack_dir_lock
+from builder.image.engine import BuildClient
+from builder.image.records import Record, load_record, save_record
+from builder.render.context import render
+from builder.spec.resolve import resolve
 
 
 def test_a_new_image_under_the_same_hash_is_untested_and_unpushed(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from builder.archflags import derive
-from builder.check import check_stack
-from builder.resolve import resolve, stack_names
-from builder.rules import load_rules
+from builder.spec.archflags import derive
+from builder.spec.check import check_stack
+from builder.spec.resolve import resolve, stack_names
+from builder.spec.rules import load_rules
 from tests.conftest import STACKS
 
 FIXTURES = Path(__file__).parent / "fixtures"

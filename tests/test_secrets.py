@@ -8,7 +8,7 @@ from pathlib import Path
 
 import certifi
 
-from builder.validate import proxy_ca_lines
+from builder.verify.validate import proxy_ca_lines
 
 
 def test_only_certificates_outside_the_public_set_are_looked_for(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ import pytest
 from click.testing import Result
 
 from builder.errors import StackError
-from builder.images import image_labels
-from builder.render import render
-from builder.resolve import resolve
-from builder.substitute import Substitutions
+from builder.image.names import image_labels
+from builder.render.context import render
+from builder.spec.resolve import resolve
+from builder.spec.substitute import Substitutions
 from tests.conftest import STACKS
 
 LOCAL = "local/cuda:13.0.2-devel-bookworm"

@@ -25,7 +25,9 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 TABLE = json.loads((HERE / "jit-modules.json").read_text())
@@ -46,7 +48,7 @@ def import_flashinfer() -> bool:
     no_gpu = torch.cuda.device_count() == 0
     original = torch.cuda.get_device_properties
     if no_gpu:
-        torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
+        torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(  # type: ignore[assignment]
             name="no-gpu", major=0, minor=0, multi_processor_count=1, total_memory=0
         )
     try:
@@ -56,7 +58,7 @@ def import_flashinfer() -> bool:
     return no_gpu
 
 
-def spec_for(name: str):  # -> flashinfer.jit.core.JitSpec
+def spec_for(name: str) -> Any:  # a flashinfer.jit.core.JitSpec
     entry = TABLE[name]
     module_name, function = entry["generator"].split(":")
     spec = getattr(importlib.import_module(module_name), function)(*entry.get("args", []))
@@ -68,8 +70,11 @@ def spec_for(name: str):  # -> flashinfer.jit.core.JitSpec
 def check_names(names: list[str]) -> None:
     unknown = [n for n in names if n not in TABLE]
     if unknown:
-        print(f"flashinfer_jit: unknown module(s) {' '.join(unknown)}; "
-              f"known: {' '.join(sorted(TABLE))}", file=sys.stderr)
+        print(
+            f"flashinfer_jit: unknown module(s) {' '.join(unknown)}; "
+            f"known: {' '.join(sorted(TABLE))}",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 
@@ -78,9 +83,12 @@ def precompile(names: list[str]) -> int:
     check_names(names)
     records = []
     for index, name in enumerate(names, 1):
-        print(f"flashinfer_jit: [{index}/{len(names)}] compiling {name} "
-              f"for {os.environ['FLASHINFER_CUDA_ARCH_LIST']} with MAX_JOBS={os.environ.get('MAX_JOBS')}",
-              flush=True)
+        print(
+            f"flashinfer_jit: [{index}/{len(names)}] compiling {name} "
+            f"for {os.environ['FLASHINFER_CUDA_ARCH_LIST']} "
+            f"with MAX_JOBS={os.environ.get('MAX_JOBS')}",
+            flush=True,
+        )
         started = time.monotonic()
         child = subprocess.Popen([sys.executable, __file__, "_build_one", name])
         _, status, usage = os.wait4(child.pid, 0)
@@ -88,10 +96,18 @@ def precompile(names: list[str]) -> int:
         if os.waitstatus_to_exitcode(status) != 0:
             print(f"flashinfer_jit: {name} failed after {seconds:.0f}s", file=sys.stderr)
             return 1
-        records.append({"module": name, "seconds": round(seconds, 1),
-                        "peak_rss_mb": round(usage.ru_maxrss / 1024)})
-        print(f"flashinfer_jit: {name} done in {seconds:.0f}s, "
-              f"peak {usage.ru_maxrss / 1024:.0f} MB per process", flush=True)
+        records.append(
+            {
+                "module": name,
+                "seconds": round(seconds, 1),
+                "peak_rss_mb": round(usage.ru_maxrss / 1024),
+            }
+        )
+        print(
+            f"flashinfer_jit: {name} done in {seconds:.0f}s, "
+            f"peak {usage.ru_maxrss / 1024:.0f} MB per process",
+            flush=True,
+        )
     workspace = Path(os.environ["FLASHINFER_WORKSPACE_BASE"])
     (workspace / RECORD).write_text(json.dumps(records, indent=2) + "\n")
     return 0
@@ -139,19 +155,26 @@ def verify(names: list[str]) -> int:
     return 1 if failed else 0
 
 
-def ninja_fresh(spec, generate) -> tuple[bool, str]:
+def ninja_fresh(spec: Any, generate: Callable[..., str]) -> tuple[bool, str]:
     """Would the runtime's ninja run find nothing to do? Decided by a dry run; compiles nothing."""
     if not spec.ninja_path.is_file():
         return False, "no build.ninja in the cache"
     expected = generate(
-        name=spec.name, sources=spec.sources, extra_cflags=spec.extra_cflags,
-        extra_cuda_cflags=spec.extra_cuda_cflags, extra_ldflags=spec.extra_ldflags,
-        extra_include_dirs=spec.extra_include_dirs, needs_device_linking=spec.needs_device_linking,
+        name=spec.name,
+        sources=spec.sources,
+        extra_cflags=spec.extra_cflags,
+        extra_cuda_cflags=spec.extra_cuda_cflags,
+        extra_ldflags=spec.extra_ldflags,
+        extra_include_dirs=spec.extra_include_dirs,
+        needs_device_linking=spec.needs_device_linking,
     )
     if expected != spec.ninja_path.read_text():
         return False, "this environment writes a different build.ninja (compiler flags differ)"
-    dry = subprocess.run(["ninja", "-n", "-C", str(spec.build_dir), "-f", str(spec.ninja_path)],
-                         capture_output=True, text=True)
+    dry = subprocess.run(
+        ["ninja", "-n", "-C", str(spec.build_dir), "-f", str(spec.ninja_path)],
+        capture_output=True,
+        text=True,
+    )
     if "no work to do" not in dry.stdout:
         return False, "ninja would rebuild: " + " ".join(dry.stdout.split())[:300]
     return True, ""
@@ -159,8 +182,9 @@ def ninja_fresh(spec, generate) -> tuple[bool, str]:
 
 def device_archs(library: Path) -> list[str]:
     """The archs of the device code in a .so, as nvcc spelled them (sm_120f, sm_90a...)."""
-    tool = shutil.which("cuobjdump") or str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-                                            / "bin" / "cuobjdump")
+    tool = shutil.which("cuobjdump") or str(
+        Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "cuobjdump"
+    )
     if not Path(tool).exists():
         return ["unknown (no cuobjdump)"]
     dump = subprocess.run([tool, "-elf", str(library)], capture_output=True, text=True)

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from builder import REPO_ROOT
-from builder.garbage import answer_matches
-from builder.images import local_ref, moving_ref
-from builder.registry import REGISTRY_ENV, Registry
-from builder.render import render
-from builder.resolve import resolve
+from builder.image.names import local_ref, moving_ref
+from builder.image.registry import REGISTRY_ENV, Registry
+from builder.render.context import render
+from builder.spec.resolve import resolve
+from builder.verify.garbage import answer_matches
 from tests.conftest import REQUIRE_ENGINE
 from tests.support.tinymodel import make_tiny_model
 
@@ -33,7 +33,7 @@ WRONG = "The capital of Kentucky is Louisville."
 
 @pytest.fixture(scope="session")
 def api() -> Any:
-    from builder.engine import engine_api
+    from builder.image.engine import engine_api
 
     return engine_api()
 

@@ -16,9 +16,9 @@ from typing import IO, Any
 
 import pytest
 
-from builder.images import content_tag, local_ref, moving_ref
-from builder.render import render
-from builder.resolve import resolve
+from builder.image.names import content_tag, local_ref, moving_ref
+from builder.render.context import render
+from builder.spec.resolve import resolve
 
 pytestmark = pytest.mark.engine
 
@@ -224,7 +224,7 @@ def _assert_absent(chunks: Iterator[bytes], needles: list[str]) -> int:
 
 def test_a_moved_base_tag_is_noticed(ci_mini: dict[str, str], api: Any, workspace: Path) -> None:
     """A base rebuilt under the same tag must not leave the old image 'up to date'."""
-    from builder.build import _bases_moved, local_base_ids
+    from builder.image.build import _bases_moved, local_base_ids
 
     stack = resolve("ci-mini", workspace / "stacks")
     image = api.images.get(ci_mini["ref"])

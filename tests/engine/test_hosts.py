@@ -7,7 +7,7 @@ must name each drift. The stack is this module's own (hosts-e2e), written in ful
 extending ci-mini, so changes to ci-mini do not change what is tested here.
 
 The `test` command (image validation) records whether an image passed; these tests write that
-record with builder.records directly, since validation itself is tested elsewhere.
+record with builder.image.records directly, since validation itself is tested elsewhere.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import pytest
 import yaml
 
 from builder import REPO_ROOT
-from builder.deploy import LABEL_HOST, sdk_run_kwargs
-from builder.images import content_tag, local_ref, moving_ref
-from builder.pins import load_pin
-from builder.records import load_record, save_record
-from builder.registry import Registry
-from builder.render import render
-from builder.resolve import resolve
+from builder.hosts.deploy import sdk_run_kwargs
+from builder.hosts.pins import LABEL_HOST, load_pin
+from builder.image.names import content_tag, local_ref, moving_ref
+from builder.image.records import load_record, save_record
+from builder.image.registry import Registry
+from builder.render.context import render
+from builder.spec.resolve import resolve
 
 pytestmark = pytest.mark.engine
 
@@ -231,8 +231,8 @@ def test_the_image_holds_exactly_the_locked_set_installed_with_hashes(
 ) -> None:
     """Installed hash-checked, and `test`'s locked-set check, in a container of the image,
     passes; a lock whose transformers moved (as pip floated it to 5.x unlocked) fails it."""
-    from builder.expectations import expectations
-    from builder.run_image_checks import CheckInputs, run_checks
+    from builder.verify.expectations import expectations
+    from builder.verify.run_checks import CheckInputs, run_checks
 
     log = next((workspace / "build" / STACK / "logs").glob("*.log")).read_text()
     assert "--require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock-heavy.txt" in log

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from builder.errors import StackError, ToolMissing
-from builder.images import content_tag, moving_ref
-from builder.registry import Registry, has_image, push, repo_digest
+from builder.image.names import content_tag, moving_ref
+from builder.image.registry import Registry, has_image, push, repo_digest
 
 pytestmark = pytest.mark.engine
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from builder.engine import engine_api
 from builder.errors import ToolMissing
-from builder.resolve import ResolvedStack, resolve
-from builder.smoke import (
+from builder.image.engine import engine_api
+from builder.spec.resolve import ResolvedStack, resolve
+from builder.verify.smoke import (
     CHECK_ANSWER,
     CHECK_GARBAGE,
     CHECK_JIT,

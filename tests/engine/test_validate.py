@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from builder.images import content_tag, local_ref
-from builder.records import load_record
-from builder.render import render
-from builder.resolve import resolve
+from builder.image.names import content_tag, local_ref
+from builder.image.records import load_record
+from builder.render.context import render
+from builder.spec.resolve import resolve
 
 pytestmark = pytest.mark.engine
 

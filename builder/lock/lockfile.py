@@ -1,0 +1,478 @@
+"""Lock files: a stack's base images and complete Python dependency set, frozen with hashes.
+
+The manifest pins what we chose (torch, vLLM, ...); a fresh resolution still floats everything
+they pull in (environment.md: nvidia-cuda-nvcc floated to 13.5). `sm120-stacks lock STACK`
+resolves the whole set once with uv for the stack's platform, Python and indexes and writes
+stacks/STACK.lock; builds then install exactly that set with `pip --require-hashes --no-deps`.
+The lock records the manifest inputs it was made from, so a lock that no longer matches its
+manifest is refused by builds and reported by `check` instead of silently installing old pins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from builder.errors import StackError, ToolMissing
+from builder.files import write_atomic
+from builder.spec.knowledge import parse_document
+from builder.spec.manifest import Digest, ImageRef, PackageName, Url
+from builder.spec.resolve import ResolvedStack, canonical_json
+from builder.spec.yamlsafe import MAX_BYTES, load_yaml
+
+LOCK_SCHEMA = 1
+#: uv's target per manifest platform. manylinux_2_28 (glibc 2.28) is below every base we use
+#: (Debian 12: 2.36, Ubuntu 24.04: 2.39), so a wheel it picks always installs in the image.
+UV_PLATFORMS = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-manylinux_2_28"}
+UV_TIMEOUT_S = 900
+HEADER = (
+    "# Written by `sm120-stacks lock {stack}`: the complete, hash-checked input set of its image.\n"
+    "# Do not edit; change stacks/{stack}.yaml and lock again. Builds refuse a stale lock.\n"
+)
+
+Hash = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+Version = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.+!_-]+$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LockedBase(_Strict):
+    image: ImageRef
+    #: The digest the registry gave for image when locked; None when it could not be asked.
+    digest: Digest | None = None
+    note: str = ""
+
+    @property
+    def reference(self) -> str:
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+class LockedBases(_Strict):
+    build: LockedBase
+    runtime: LockedBase
+
+
+class LockedPackage(_Strict):
+    version: Version
+    hashes: list[Hash] = Field(min_length=1)
+
+
+class VersionSource(_Strict):
+    """Another lock whose versions this one was resolved to prefer (`lock --versions-from`).
+
+    A local variant of a flagship (another Python, say) then installs the flagship's locked
+    set wherever its Python allows; the packages where it does not are listed, not hidden.
+    """
+
+    stack: str
+    inputs_hash: Hash
+    #: Packages at another version here, or on one side only: name -> "theirs -> ours".
+    differs: dict[PackageName, str] = Field(default_factory=dict)
+
+
+class LockedPython(_Strict):
+    version: str
+    platform: str
+    resolver: str
+    index_url: Url
+    extra_index_urls: list[Url] = Field(default_factory=list)
+    #: The heavy packages (torch and all it needs): installed first, in a layer of their own.
+    heavy: dict[PackageName, LockedPackage] = Field(default_factory=dict)
+    #: Everything else the stack needs.
+    packages: dict[PackageName, LockedPackage]
+    versions_from: VersionSource | None = None
+
+    def versions(self) -> dict[str, str]:
+        return {name: pin.version for name, pin in {**self.heavy, **self.packages}.items()}
+
+
+class Lock(_Strict):
+    schema_version: Literal[1]
+    stack: str
+    #: sha256 of the manifest inputs below; what builds and `check` compare.
+    inputs_hash: Hash
+    inputs: dict[str, Any]
+    bases: LockedBases
+    python: LockedPython
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+def lock_path(stack: ResolvedStack) -> Path:
+    """stacks/NAME.lock, beside the stack's own manifest."""
+    return stack.sources[0].with_name(f"{stack.name}.lock")
+
+
+def lock_inputs(stack: ResolvedStack) -> dict[str, Any]:
+    """What a lock depends on: platform, bases, the python section and the local wheels' bytes.
+
+    Serve settings, env or JIT modules are left out on purpose: changing them needs no new lock.
+    """
+    m = stack.manifest
+    wheels = {
+        Path(w).name: "sha256:" + hashlib.sha256(stack.local_file(w).read_bytes()).hexdigest()
+        for w in m.python.wheels
+    }
+    bases = original_bases(stack)
+    return {
+        "lock_schema": LOCK_SCHEMA,
+        "platform": m.platform,
+        "bases": {
+            role: {"image": image, "digest": digest} for role, (image, digest) in bases.items()
+        },
+        "python": m.python.model_dump(mode="json"),
+        "wheel_files": wheels,
+    }
+
+
+def original_bases(stack: ResolvedStack) -> dict[str, tuple[str, str | None]]:
+    """role -> (image, digest) as the manifest wrote them, before any site substitution.
+
+    A lock pins the manifest's bases; a site that builds FROM a mirror (--substitute-base)
+    uses the same lock, and its substitute wins over the locked digest.
+    """
+    undo = {new: old for old, new in _substitutions(stack).items()}
+    out: dict[str, tuple[str, str | None]] = {}
+    for role in ("build", "runtime"):
+        base = getattr(stack.manifest.bases, role)
+        image, _, digest = undo.get(base.reference, base.reference).partition("@")
+        out[role] = (image, digest or None)
+    return out
+
+
+def base_reference(stack: ResolvedStack, lock: Lock | None, role: str) -> str:
+    """What FROM uses: a substituted base as substituted, else the locked digest, else the
+    manifest's reference."""
+    base = getattr(stack.manifest.bases, role)
+    if lock is None or base.reference in _substitutions(stack).values():
+        return str(base.reference)
+    return str(getattr(lock.bases, role).reference)
+
+
+def _substitutions(stack: ResolvedStack) -> dict[str, str]:
+    return dict(getattr(stack, "base_substitutions", None) or {})
+
+
+def inputs_hash(inputs: dict[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(inputs).encode()).hexdigest()
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name: what uv prints and what comparisons use."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def read_lock(path: Path) -> Lock:
+    """A lock file, validated; any problem is a StackError with the file, key and line."""
+    if path.stat().st_size > MAX_BYTES:
+        raise StackError(f"lock file is larger than {MAX_BYTES} bytes", file=path)
+    return parse_document(load_yaml(path), Lock)
+
+
+def stale_reason(stack: ResolvedStack, lock: Lock) -> str | None:
+    """Why the lock does not match the manifest now (None when it does)."""
+    current = lock_inputs(stack)
+    if lock.stack == stack.name and inputs_hash(current) == lock.inputs_hash:
+        return None
+    if lock.stack != stack.name:
+        return f"it was made for stack {lock.stack!r}"
+    was, now = _flatten(lock.inputs), _flatten(current)
+    changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
+    if not changed:
+        return "its inputs_hash does not match its recorded inputs (edited by hand?)"
+    shown = ", ".join(
+        f"{key} ({_short(was.get(key))} -> {_short(now.get(key))})" for key in changed[:4]
+    )
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    return f"the manifest changed since it was made: {shown}{more}"
+
+
+def current_lock(stack: ResolvedStack) -> Lock | None:
+    """The stack's lock for a build: None without one; a stale or broken lock is an error."""
+    path = lock_path(stack)
+    if not path.is_file():
+        return None
+    lock = read_lock(path)
+    reason = stale_reason(stack, lock)
+    if reason is not None:
+        raise StackError(
+            f"lock no longer matches stacks/{stack.name}.yaml: {reason}",
+            file=path,
+            key="inputs_hash",
+            hint=f"run `sm120-stacks lock {stack.name}`, or delete the lock to build without one",
+        )
+    return lock
+
+
+def lock_requirements(lock: Lock, part: Literal["heavy", "packages"]) -> str:
+    """A pip requirements file of one part of the lock, every line hash-pinned."""
+    py = lock.python
+    lines = [
+        # No stack name here: stacks that lock the same set (b12x and marlin differ only in
+        # serve settings) must render the same bytes, or their package layers are not shared.
+        f"# From the stack's lock ({part}); install with --require-hashes --no-deps.",
+        f"--index-url {py.index_url}",
+        *(f"--extra-index-url {url}" for url in py.extra_index_urls),
+    ]
+    for name, pin in sorted((py.heavy if part == "heavy" else py.packages).items()):
+        lines.append(f"{name}=={pin.version} \\")
+        lines.extend(f"    --hash={h} \\" for h in pin.hashes[:-1])
+        lines.append(f"    --hash={pin.hashes[-1]}")
+    return "\n".join(lines) + "\n"
+
+
+# --- making ------------------------------------------------------------------------------------
+
+
+def make_lock(stack: ResolvedStack, api: Any | None, prefer: Lock | None = None) -> Lock:
+    """Resolve the stack's complete dependency set (uv) and its base digests (engine).
+
+    With `prefer`, uv starts from that lock's versions and moves only what this stack's
+    Python, platform or pins require (uv keeps the pins of an existing output file).
+    """
+    uv = find_uv()
+    m = stack.manifest
+    py = m.python
+    with tempfile.TemporaryDirectory(prefix="sm120-lock-") as scratch:
+        work = Path(scratch)
+        top = [_spec(name, pin.version, pin.extras) for name, pin in py.packages.items()]
+        overrides = [_spec(name, pin.version, []) for name, pin in py.overrides.items()]
+        # An override is installed whether or not anything asks for it (unlocked builds install
+        # overrides.txt on their own); uv's --override only replaces requirements, so an
+        # override nothing depends on (flashinfer-cubin on the 0.17 stack) is also a direct one.
+        preferred = prefer.python.versions() if prefer is not None else None
+        full = _compile(
+            uv, stack, work, "all", top + overrides, overrides, constraints=None, prefer=preferred
+        )
+        _check_pins_locked(stack, full)
+        heavy_names = {normalize(n) for n in py.heavy if n in py.packages}
+        heavy: dict[str, LockedPackage] = {}
+        if heavy_names:
+            heavy_top = [s for s in top if normalize(_spec_name(s)) in heavy_names]
+            pinned = [f"{name}=={pkg.version}" for name, pkg in full.items()]
+            subset = _compile(uv, stack, work, "heavy", heavy_top, overrides, constraints=pinned)
+            heavy = {name: full[name] for name in subset if name in full}
+    inputs = lock_inputs(stack)
+    bases = original_bases(stack)
+    # One question per image: build and runtime are usually the same one.
+    found = {base: resolve_base(*base, api) for base in set(bases.values())}
+    return Lock(
+        schema_version=LOCK_SCHEMA,
+        stack=stack.name,
+        inputs_hash=inputs_hash(inputs),
+        inputs=inputs,
+        bases=LockedBases(build=found[bases["build"]], runtime=found[bases["runtime"]]),
+        python=LockedPython(
+            version=py.version,
+            platform=UV_PLATFORMS[m.platform],
+            resolver=_uv_version(uv),
+            index_url=py.index_url,
+            extra_index_urls=list(py.extra_index_urls),
+            heavy=heavy,
+            packages={n: p for n, p in full.items() if n not in heavy},
+            versions_from=_version_source(prefer, full) if prefer is not None else None,
+        ),
+    )
+
+
+def _version_source(prefer: Lock, locked: dict[str, LockedPackage]) -> VersionSource:
+    theirs, ours = prefer.python.versions(), {n: p.version for n, p in locked.items()}
+    differs = {
+        name: f"{theirs.get(name, 'absent')} -> {ours.get(name, 'absent')}"
+        for name in sorted(theirs.keys() | ours.keys())
+        if theirs.get(name) != ours.get(name)
+    }
+    return VersionSource(stack=prefer.stack, inputs_hash=prefer.inputs_hash, differs=differs)
+
+
+def write_lock(path: Path, lock: Lock) -> None:
+    """Atomically, as YAML with one hash per line (diffs in review show exactly what moved)."""
+    data = lock.model_dump(mode="json")
+    if lock.python.versions_from is None:
+        del data["python"]["versions_from"]  # locks made without a preference stay as they were
+    text = HEADER.format(stack=lock.stack) + yaml.dump(
+        data, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=200
+    )
+    if len(text.encode()) > MAX_BYTES:
+        raise StackError(
+            f"the lock would be {len(text.encode())} bytes, over the {MAX_BYTES}-byte file limit",
+            file=path,
+            hint="fewer packages or indexes with fewer wheels per release",
+        )
+    write_atomic(path, text)
+
+
+def resolve_base(image: str, digest: str | None, api: Any | None) -> LockedBase:
+    """The registry's digest for image, or the image as given with the reason why not."""
+    if digest:
+        return LockedBase(image=image, digest=digest, note="digest pinned in the manifest")
+    if api is None:
+        return LockedBase(image=image, note="kept as given: no Docker engine to ask a registry")
+    try:
+        answer = api.api.inspect_distribution(image)
+        found = str(answer["Descriptor"]["digest"])
+    except Exception as exc:
+        reason = " ".join(str(getattr(exc, "explanation", None) or exc).split())[:200]
+        return LockedBase(image=image, note=f"kept as given: registry not reachable ({reason})")
+    return LockedBase(image=image, digest=found, note="digest resolved from the registry")
+
+
+def find_uv() -> Path:
+    """uv from PATH or beside this Python (pip installs it into the virtual environment)."""
+    for candidate in (shutil.which("uv"), Path(sys.executable).parent / "uv"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise ToolMissing(
+        "uv is not installed (it resolves lock files)",
+        hint="pip install uv (part of sm120-stacks' dependencies)",
+    )
+
+
+def _check_pins_locked(stack: ResolvedStack, locked: dict[str, LockedPackage]) -> None:
+    """Every pin of the manifest must be in the lock at its version (`==` semantics: a local
+    label such as +cu128 matches), or builds would install what the image checks refuse."""
+    py = stack.manifest.python
+    wrong = []
+    for name, pin in {**py.packages, **py.overrides}.items():
+        got = locked.get(normalize(name))
+        if got is None or got.version.split("+")[0] != pin.version.split("+")[0]:
+            wrong.append(f"{name}=={pin.version} (locked: {got.version if got else 'absent'})")
+    if wrong:
+        raise StackError(
+            f"the resolution of {stack.name} does not hold its pins: {', '.join(wrong)}",
+            file=stack.sources[0],
+            key="python",
+            hint="report this with the uv version; no lock was written",
+        )
+
+
+def _compile(
+    uv: Path,
+    stack: ResolvedStack,
+    work: Path,
+    label: str,
+    requirements: list[str],
+    overrides: list[str],
+    constraints: list[str] | None,
+    prefer: dict[str, str] | None = None,
+) -> dict[str, LockedPackage]:
+    py = stack.manifest.python
+    source = work / f"{stack.name}-{label}.in"
+    source.write_text("\n".join(requirements) + "\n")
+    argv = [
+        str(uv),
+        "pip",
+        "compile",
+        "--no-config",
+        "--quiet",
+        "--generate-hashes",
+        "--no-header",
+        "--no-annotate",
+        "--python-platform",
+        UV_PLATFORMS[stack.manifest.platform],
+        "--python-version",
+        py.version,
+        "--index-url",
+        py.index_url,
+        *[arg for url in py.extra_index_urls for arg in ("--extra-index-url", url)],
+    ]
+    for folder in sorted({str(stack.local_file(w).resolve().parent) for w in py.wheels}):
+        argv += ["--find-links", folder]
+    if overrides:
+        (work / "overrides.txt").write_text("\n".join(overrides) + "\n")
+        argv += ["--override", str(work / "overrides.txt")]
+    if constraints is not None:
+        (work / "constraints.txt").write_text("\n".join(constraints) + "\n")
+        argv += ["--constraint", str(work / "constraints.txt")]
+    output = work / f"{label}.txt"
+    if prefer:
+        output.write_text("".join(f"{name}=={version}\n" for name, version in prefer.items()))
+    argv += ["--output-file", str(output), str(source)]
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=UV_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise StackError(f"uv did not resolve {stack.name} within {UV_TIMEOUT_S}s") from None
+    if result.returncode != 0:
+        detail = "\n    ".join(result.stderr.strip().splitlines()[-12:])
+        raise StackError(
+            f"uv could not resolve the python section of {stack.name}:\n    {detail}",
+            file=stack.sources[0],
+            key="python",
+            hint="fix the pins (or indexes/wheels); network errors: check the proxy CA "
+            "(SSL_CERT_FILE) and UV_NATIVE_TLS",
+        )
+    return parse_compiled(output.read_text())
+
+
+def parse_compiled(text: str) -> dict[str, LockedPackage]:
+    """`uv pip compile --generate-hashes` output -> {name: version + hashes}."""
+    packages: dict[str, tuple[str, list[str]]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if match := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s\\;]+)", line):
+            current = normalize(match.group(1))
+            packages[current] = (match.group(3), [])
+        elif stripped.startswith("--hash=") and current is not None:
+            packages[current][1].append(stripped.removeprefix("--hash=").rstrip(" \\"))
+        elif not line.startswith((" ", "-")):
+            raise StackError(f"unexpected line in uv's output: {line[:120]!r}")
+    missing = [name for name, (_, hashes) in packages.items() if not hashes]
+    if missing:
+        raise StackError(
+            f"uv found no hash for {', '.join(missing)}",
+            hint="a hash-checked install needs one per package: the index or find-links source "
+            "must publish sha256 digests",
+        )
+    return {n: LockedPackage(version=v, hashes=sorted(h)) for n, (v, h) in sorted(packages.items())}
+
+
+def _spec(name: str, version: str, extras: list[str]) -> str:
+    return f"{name}{'[' + ','.join(extras) + ']' if extras else ''}=={version}"
+
+
+def _spec_name(spec: str) -> str:
+    return re.split(r"[\[=]", spec, maxsplit=1)[0]
+
+
+def _uv_version(uv: Path) -> str:
+    result = subprocess.run([str(uv), "--version"], capture_output=True, text=True, timeout=30)
+    return result.stdout.strip() or "uv (unknown version)"
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: data}
+
+
+def _short(value: Any) -> str:
+    text = "unset" if value is None else canonical_json(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Equal lists must be written out each time: the strict reader refuses YAML aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True

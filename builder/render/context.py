@@ -1,0 +1,306 @@
+"""Resolved stack -> build context (Dockerfile plus every file it copies), byte-for-byte stable.
+
+A typed TemplateContext (spack's idea) is the only thing templates see, so they never reach into
+manifest internals and StrictUndefined catches any name that drifts. The same stack renders to
+identical bytes on any machine, clock, locale or environment: nothing here reads them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from builder import REPO_ROOT
+from builder.lock.lockfile import Lock, base_reference, current_lock, lock_requirements
+from builder.spec.resolve import ResolvedStack, canonical_json, jit_module_table
+from builder.spec.serve import serve_argv
+
+TEMPLATES_DIR = REPO_ROOT / "templates"
+#: Where FlashInfer's JIT cache lives in every image (FLASHINFER_WORKSPACE_BASE): fixed, so
+#: neither $HOME nor `docker run --user` can move it.
+JIT_WORKSPACE = "/opt/flashinfer-cache"
+VENV = "/opt/venv"
+EXECUTABLE = 0o755
+REGULAR = 0o644
+
+
+@dataclass(frozen=True)
+class TemplateContext:
+    stack: str
+    build_base: str
+    runtime_base: str
+    python_version: str
+    build_apt_packages: list[str]
+    runtime_apt_packages: list[str]
+    #: Build and runtime bases are the same image: the runtime stage continues from jit-cache
+    #: instead of copying /opt/venv over, which would merge torch and every other package into
+    #: one layer and keep the venv twice in the build cache (bench/RESULTS.md §4).
+    runtime_from_build: bool
+    heavy_packages: list[str]
+    pip_flags: str
+    wheels: list[str]
+    has_overrides: bool
+    patches: list[dict[str, Any]]
+    jit_modules: list[str]
+    aot_dir: str
+    #: FlashInfer's cached_ops directory in the image.
+    jit_dir: str
+    #: Its parent, FlashInfer's per-version, per-arch workspace: the BuildKit cache mount. It
+    #: holds generated/ too, the CUTLASS instantiations some generators write: outside the mount
+    #: they were written afresh by every run, and ninja recompiled each object built from them
+    #: (63 of fused_moe_120's 90 steps after an interruption, found on the 0.17 stack).
+    jit_workspace_dir: str
+    jit_cache_id: str
+    #: Where the compile step copies finished modules inside its own layer (see jit_cache.j2).
+    jit_staging_dir: str
+    max_jobs_default: int
+    jit_env: dict[str, str]
+    env: dict[str, str]
+    port: int
+    serve_argv: list[str]
+    #: stacks/NAME.lock exists: install requirements/lock*.txt with --require-hashes --no-deps.
+    locked: bool = False
+    #: The lock's heavy part is not empty (its own, earlier layer).
+    locked_heavy: bool = False
+
+
+@dataclass(frozen=True)
+class RenderedContext:
+    """The build context in memory: relative path -> (bytes, mode)."""
+
+    stack: str
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    #: The lock the context installs from (None: resolved at build time). Kept so that later
+    #: steps judge the image by the lock it was built from, without reading the file again.
+    lock: Lock | None = None
+
+    @property
+    def dockerfile(self) -> str:
+        return self.files["Dockerfile"][0].decode()
+
+    def content_hash(self) -> str:
+        """sha256 over every path, mode and content: the image's identity."""
+        digest = hashlib.sha256()
+        for path in sorted(self.files):
+            content, mode = self.files[path]
+            digest.update(f"{path}\0{mode:o}\0{len(content)}\0".encode())
+            digest.update(content)
+        return digest.hexdigest()
+
+
+def template_context(stack: ResolvedStack, lock: Lock | None = None) -> TemplateContext:
+    m = stack.manifest
+    build = m.build
+    apt = list(build.apt_packages)
+    if m.patches and "patch" not in apt:
+        apt.append("patch")
+    max_jobs_default = 2 if build.max_jobs == "auto" else build.max_jobs
+    jit_env = {
+        **stack.arch.env,
+        **build.toolchain_env,
+        "FLASHINFER_WORKSPACE_BASE": JIT_WORKSPACE,
+        "FLASHINFER_NVCC_THREADS": str(build.nvcc_threads),
+    }
+    build_base = base_reference(stack, lock, "build")
+    runtime_base = base_reference(stack, lock, "runtime")
+    runtime_from_build = build_base == runtime_base
+    runtime_apt = [p for p in build.runtime_apt_packages if not (runtime_from_build and p in apt)]
+    return TemplateContext(
+        stack=stack.name,
+        build_base=build_base,
+        runtime_base=runtime_base,
+        python_version=m.python.version,
+        build_apt_packages=apt,
+        runtime_apt_packages=runtime_apt,
+        runtime_from_build=runtime_from_build,
+        heavy_packages=[p for p in m.python.heavy if p in m.python.packages],
+        pip_flags="--find-links /opt/sm120-stacks/wheels " if m.python.wheels else "",
+        wheels=[Path(w).name for w in m.python.wheels],
+        has_overrides=bool(m.python.overrides),
+        patches=[{"file": Path(p.file).name, "strip": p.strip} for p in m.patches],
+        jit_modules=list(stack.jit_modules),
+        aot_dir=f"{VENV}/lib/python{m.python.version}/site-packages/flashinfer/data/aot",
+        jit_dir=jit_cached_ops_dir(stack),
+        jit_workspace_dir=flashinfer_workspace_dir(stack),
+        jit_staging_dir="/opt/sm120-stacks-jit/cached_ops",
+        jit_cache_id=f"sm120-stacks-flashinfer-workspace-{flashinfer_version(stack)}"
+        f"-{stack.arch.jit_arch_tag}-py{m.python.version}"
+        f"-{compile_inputs_digest(stack, build_base, apt, lock)}",
+        max_jobs_default=max_jobs_default,
+        jit_env=dict(sorted(jit_env.items())),
+        env=dict(sorted(m.env.items())),
+        port=m.serve.port,
+        serve_argv=serve_argv(stack),
+        locked=lock is not None,
+        locked_heavy=bool(lock and lock.python.heavy),
+    )
+
+
+def compile_inputs_digest(
+    stack: ResolvedStack, build_base: str, apt: list[str], lock: Lock | None
+) -> str:
+    """What the JIT compile's objects depend on besides FlashInfer and the arch: the base (its
+    nvcc and compiler), the packages (torch's headers) and the patches. Stacks that differ only
+    in runtime settings (marlin, b12x) share the compile cache; no others may, because ninja
+    judges freshness by file times and would take objects built against another torch or nvcc
+    for current ones."""
+    m = stack.manifest
+    inputs = {
+        "base": build_base,
+        "cuda": m.cuda,
+        "apt": apt,
+        "toolchain_env": m.build.toolchain_env,
+        "python": m.python.model_dump(mode="json"),
+        # Where the lock's versions came from is a note, not an input of the objects.
+        "lock": lock.python.model_dump(mode="json", exclude={"versions_from"}) if lock else None,
+        "patches": [p.sha256 for p in m.patches],
+    }
+    return hashlib.sha256(canonical_json(inputs).encode()).hexdigest()[:12]
+
+
+def flashinfer_workspace_dir(stack: ResolvedStack) -> str:
+    """FlashInfer's per-version, per-arch workspace: <base>/.cache/flashinfer/<version>/<arch
+    tag>, holding cached_ops/ and generated/ (flashinfer/jit/env.py)."""
+    version = flashinfer_version(stack)
+    return f"{JIT_WORKSPACE}/.cache/flashinfer/{version}/{stack.arch.jit_arch_tag}"
+
+
+def jit_cached_ops_dir(stack: ResolvedStack) -> str:
+    """Where FlashInfer keeps this stack's compiled modules."""
+    return f"{flashinfer_workspace_dir(stack)}/cached_ops"
+
+
+def flashinfer_version(stack: ResolvedStack) -> str:
+    python = stack.manifest.python
+    pin = {**python.packages, **python.overrides}.get("flashinfer-python")
+    return pin.version if pin else "none"
+
+
+def requirements(
+    stack: ResolvedStack,
+    names: list[str] | None = None,
+    overrides: bool = False,
+    constraints: bool = False,
+) -> str:
+    """A pip requirements file of the pins; constraints carry no extras (pip refuses them)."""
+    py = stack.manifest.python
+    lines = [f"--index-url {py.index_url}"] + [
+        f"--extra-index-url {u}" for u in py.extra_index_urls
+    ]
+    for name, pin in (py.overrides if overrides else py.packages).items():
+        if names is None or name in names:
+            extras = f"[{','.join(pin.extras)}]" if pin.extras and not constraints else ""
+            lines.append(f"{name}{extras}=={pin.version}")
+    return "\n".join(lines) + "\n"
+
+
+def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> RenderedContext:
+    lock = current_lock(stack)
+    ctx = template_context(stack, lock)
+    env = _jinja_env(templates_dir)
+    dockerfile = env.get_template("Dockerfile.j2").render(ctx=ctx)
+    files: dict[str, tuple[bytes, int]] = {
+        "Dockerfile": (_tidy(dockerfile).encode(), REGULAR),
+        "manifest.json": (
+            (json.dumps(stack.to_json(editorial=False), indent=2, sort_keys=True) + "\n").encode(),
+            REGULAR,
+        ),
+        "requirements/all.txt": (requirements(stack).encode(), REGULAR),
+        "requirements/constraints.txt": (requirements(stack, constraints=True).encode(), REGULAR),
+        "requirements/heavy.txt": (requirements(stack, ctx.heavy_packages).encode(), REGULAR),
+    }
+    if stack.manifest.python.overrides:
+        files["requirements/overrides.txt"] = (
+            requirements(stack, overrides=True).encode(),
+            REGULAR,
+        )
+    if lock is not None:
+        if ctx.locked_heavy:
+            files["requirements/lock-heavy.txt"] = (
+                lock_requirements(lock, "heavy").encode(),
+                REGULAR,
+            )
+        files["requirements/lock.txt"] = (lock_requirements(lock, "packages").encode(), REGULAR)
+    for tool in sorted((templates_dir / "tools").iterdir()):
+        mode = EXECUTABLE if os.access(tool, os.X_OK) else REGULAR
+        files[f"tools/{tool.name}"] = (tool.read_bytes(), mode)
+    files["tools/jit-modules.json"] = (
+        (json.dumps(jit_module_table(), indent=2, sort_keys=True) + "\n").encode(),
+        REGULAR,
+    )
+    for wheel in stack.manifest.python.wheels:
+        files[f"wheels/{Path(wheel).name}"] = (stack.local_file(wheel).read_bytes(), REGULAR)
+    if stack.manifest.patches:
+        sums = []
+        for patch in stack.manifest.patches:
+            content = stack.local_file(patch.file).read_bytes()
+            name = Path(patch.file).name
+            files[f"patches/{name}"] = (content, REGULAR)
+            sums.append(f"{hashlib.sha256(content).hexdigest()}  {name}")
+        files["patches/SHA256SUMS"] = (("\n".join(sums) + "\n").encode(), REGULAR)
+    return RenderedContext(stack=stack.name, files=files, lock=lock)
+
+
+def write_context(rendered: RenderedContext, target: Path) -> Path:
+    """Write the context to target atomically: a complete new directory or the old one untouched."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for relative, (content, mode) in sorted(rendered.files.items()):
+            path = staging / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+            path.chmod(mode)
+        if target.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            target.rename(retired / "context")
+            staging.rename(target)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+@cache
+def _jinja_env(templates_dir: Path) -> jinja2.Environment:
+    """One environment per templates folder: compiled templates are reused across stacks."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+    )
+    env.filters["shq"] = lambda value: shlex.quote(str(value))
+    env.filters["dq"] = dockerfile_quote
+    env.filters["envlines"] = lambda mapping: " \\\n    ".join(
+        f"{key}={dockerfile_quote(value)}" for key, value in mapping.items()
+    )
+    env.policies["json.dumps_kwargs"] = {"sort_keys": False, "ensure_ascii": True}
+    return env
+
+
+def dockerfile_quote(value: object) -> str:
+    """A double-quoted Dockerfile ENV/LABEL value: backslash, quote and $ escaped."""
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return f'"{text}"'
+
+
+def _tidy(text: str) -> str:
+    """One trailing newline, no trailing spaces, one blank line between stages."""
+    lines = [line.rstrip() for line in text.strip().splitlines()]
+    kept = [line for i, line in enumerate(lines) if line or (i > 0 and lines[i - 1])]
+    return "\n".join(kept) + "\n"

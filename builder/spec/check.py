@@ -1,0 +1,40 @@
+"""`check`: a stack resolves, its patches verify and no compatibility rule fires."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builder.errors import StackError
+from builder.spec.knowledge import locate
+from builder.spec.resolve import ResolvedStack, rule_facts
+from builder.spec.rules import Violation, evaluate
+from builder.spec.yamlsafe import load_yaml
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    stack: ResolvedStack
+    violations: list[Violation]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check_stack(stack: ResolvedStack) -> CheckResult:
+    return CheckResult(stack=stack, violations=evaluate(rule_facts(stack)))
+
+
+def violation_error(result: CheckResult) -> StackError:
+    """The first violation as a StackError pointing at the manifest key the rule names."""
+    violation = result.violations[0]
+    docs = [load_yaml(path) for path in result.stack.sources]
+    source, line = locate(tuple(violation.rule.key.split(".")), docs)
+    rest = len(result.violations) - 1
+    more = f" (and {rest} more rule(s))" if rest else ""
+    return StackError(
+        f"known-bad combination{more}: {violation.describe()}",
+        file=source.path,
+        key=violation.rule.key,
+        line=line,
+    )

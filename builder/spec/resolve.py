@@ -1,0 +1,395 @@
+"""Manifest files -> one validated, fully resolved stack.
+
+Resolution applies `extends` (maps merge, lists replace, the child wins), validates the result
+against the schema, derives arch flags, expands JIT presets and checks patch files. Everything
+later in the pipeline reads a ResolvedStack and never the YAML.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from builder.errors import StackError
+from builder.spec.archflags import ArchFlags, arch_table, derive
+from builder.spec.knowledge import locate, parse_document, read_knowledge, validation_error
+from builder.spec.manifest import Manifest
+from builder.spec.substitute import Substitutions
+from builder.spec.yamlsafe import YamlDocument, dotted, load_yaml
+
+STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+#: Manifest fields that describe a stack but do not shape its image. They stay out of the
+#: image's identity, so marking a stack `working` or adding a note keeps its test and push records.
+EDITORIAL_FIELDS = frozenset({"description", "status", "notes"})
+MAX_EXTENDS_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class ResolvedStack:
+    name: str
+    manifest: Manifest
+    arch: ArchFlags
+    #: The FlashInfer modules to precompile: presets expanded, order kept, duplicates dropped.
+    jit_modules: tuple[str, ...]
+    #: Manifest files, the stack's own first, then each parent.
+    sources: tuple[Path, ...]
+    repo_root: Path
+    #: Base references replaced by site substitution: original -> substitute.
+    base_substitutions: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self, editorial: bool = True) -> dict[str, Any]:
+        """The resolved manifest with derived values: what `show` prints. Without the editorial
+        fields it is what images carry and what the content hash covers."""
+        excluded = {"extends"} if editorial else {"extends", *EDITORIAL_FIELDS}
+        data = self.manifest.model_dump(mode="json", exclude=excluded)
+        data["name"] = self.name
+        data["derived"] = {
+            "arch_env": self.arch.env,
+            "jit_arch_tag": self.arch.jit_arch_tag,
+            "cubin_archs": list(self.arch.cubin_archs),
+            "min_driver": self.arch.min_driver,
+            "jit_modules": list(self.jit_modules),
+            "base_substitutions": self.base_substitutions,
+        }
+        return data
+
+    def module_archs(self) -> dict[str, list[str]]:
+        """The device code each precompiled module must hold: the stack's cubin archs, unless
+        the module's generator hard-codes its own (knowledge/flashinfer_modules.yaml)."""
+        known = jit_modules_known()
+        return {
+            name: list(known[name].fixed_archs or self.arch.cubin_archs)
+            for name in self.jit_modules
+        }
+
+    def fixed_arch_gaps(self) -> list[str]:
+        """`module: gpu` for each precompiled module whose generator hard-codes archs that
+        none of the stack's GPUs' capability matches: that GPU would get no device code from
+        the cache and JIT-compile (or fail) at first use, which the image test cannot see."""
+        known = jit_modules_known()
+        table = arch_table()
+        gaps = []
+        for name in self.jit_modules:
+            fixed = known[name].fixed_archs
+            for gpu in self.manifest.gpus:
+                digits = "sm_" + table.gpus[gpu].capability.replace(".", "")
+                if fixed and not any(arch.rstrip("af") == digits for arch in fixed):
+                    gaps.append(f"{name}: {gpu}")
+        return gaps
+
+    def local_file(self, path: str) -> Path:
+        """A file the manifest names: relative to the repository root, or absolute."""
+        return self.repo_root / path
+
+
+class _Preset(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    description: str
+    modules: list[str]
+    includes: list[str] = Field(default_factory=list)
+
+
+class _PresetFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    presets: dict[str, _Preset]
+
+
+class JitModule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    generator: str
+    args: list[str] = Field(default_factory=list)
+    peak_gb: float
+    used_by: str
+    #: Archs the generator always builds for, whatever FLASHINFER_CUDA_ARCH_LIST says.
+    fixed_archs: list[str] = Field(default_factory=list)
+
+
+class _ModuleFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    modules: dict[str, JitModule]
+
+
+@cache
+def jit_presets() -> dict[str, _Preset]:
+    return parse_document(read_knowledge("jit_presets.yaml"), _PresetFile).presets
+
+
+@cache
+def jit_modules_known() -> dict[str, JitModule]:
+    return parse_document(read_knowledge("flashinfer_modules.yaml"), _ModuleFile).modules
+
+
+def jit_module_table() -> dict[str, dict[str, Any]]:
+    """What the in-image tool needs per known module (generator and arguments): all of them, so
+    the image can also name a module it lacks as a miss."""
+    return {n: {"generator": m.generator, "args": m.args} for n, m in jit_modules_known().items()}
+
+
+def stack_names(stacks_dir: Path) -> list[str]:
+    if not stacks_dir.is_dir():
+        raise StackError(
+            f"stacks directory {stacks_dir} does not exist",
+            hint="run from the repository root or pass --stacks-dir",
+        )
+    return sorted(p.stem for p in stacks_dir.glob("*.yaml"))
+
+
+def resolve(
+    name: str, stacks_dir: Path, substitutions: Substitutions | None = None
+) -> ResolvedStack:
+    docs = _load_chain(name, stacks_dir)
+    merged: dict[str, Any] = {}
+    for doc in reversed(docs):
+        merged = deep_merge(merged, doc.data)
+    merged.pop("extends", None)
+    try:
+        manifest = Manifest.model_validate(merged)
+    except ValidationError as exc:
+        raise validation_error(exc, docs) from None
+    repo_root = stacks_dir.resolve().parent
+    manifest, substituted = _substitute_bases(manifest, substitutions or Substitutions())
+    stack = ResolvedStack(
+        name=name,
+        manifest=manifest,
+        base_substitutions=substituted,
+        arch=derive(list(manifest.gpus), manifest.cuda),
+        jit_modules=_expand_modules(manifest, docs[0]),
+        sources=tuple(d.path for d in docs),
+        repo_root=repo_root,
+    )
+    _check_reserved_env(stack, docs)
+    _check_patches(stack, docs)
+    _check_wheels(stack, docs)
+    return stack
+
+
+def _substitute_bases(
+    manifest: Manifest, substitutions: Substitutions
+) -> tuple[Manifest, dict[str, str]]:
+    replaced: dict[str, str] = {}
+    bases = {}
+    for role in ("build", "runtime"):
+        base = getattr(manifest.bases, role)
+        new = substitutions.apply(base.image)
+        if new is None:
+            bases[role] = base
+            continue
+        image, _, digest = new.partition("@")
+        replaced[base.reference] = new
+        bases[role] = base.model_copy(update={"image": image, "digest": digest or None})
+    if not replaced:
+        return manifest, {}
+    new_bases = manifest.bases.model_copy(update=bases)
+    return manifest.model_copy(update={"bases": new_bases}), replaced
+
+
+def _load_chain(name: str, stacks_dir: Path) -> list[YamlDocument]:
+    """The stack's document and its ancestors, child first; cycles and gaps are errors."""
+    chain: list[YamlDocument] = []
+    seen: list[str] = []
+    current: str | None = name
+    child: YamlDocument | None = None
+    while current is not None:
+        path = stacks_dir / f"{current}.yaml"
+        if current in seen:
+            cycle = " -> ".join([*seen, current])
+            raise StackError(
+                f"extends cycle: {cycle}",
+                file=chain[-1].path,
+                key="extends",
+                line=chain[-1].lines.get(("extends",)),
+                hint="remove `extends` from one of these stacks",
+            )
+        if not STACK_NAME.match(current) or not path.is_file():
+            if child is None:
+                raise StackError(
+                    f"no stack named {current!r} in {stacks_dir}",
+                    hint="`sm120-stacks list` shows the stacks",
+                )
+            raise StackError(
+                f"parent stack {current!r} does not exist",
+                file=child.path,
+                key="extends",
+                line=child.lines.get(("extends",)),
+                hint=f"create {path} or fix the name",
+            )
+        if len(seen) >= MAX_EXTENDS_DEPTH:
+            raise StackError(f"extends chain deeper than {MAX_EXTENDS_DEPTH}", file=path)
+        doc = load_yaml(path)
+        chain.append(doc)
+        seen.append(current)
+        parent = doc.data.get("extends")
+        if parent is not None and not isinstance(parent, str):
+            raise StackError(
+                "extends must be a stack name",
+                file=path,
+                key="extends",
+                line=doc.lines.get(("extends",)),
+            )
+        current, child = parent, doc
+    return chain
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Maps merge recursively, everything else (lists included) is replaced by the child."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _expand_modules(manifest: Manifest, doc: YamlDocument) -> tuple[str, ...]:
+    presets = jit_presets()
+    modules: list[str] = []
+
+    def add_preset(preset_name: str, trail: tuple[str, ...]) -> None:
+        if preset_name not in presets:
+            raise StackError(
+                f"unknown JIT preset {preset_name!r}",
+                file=doc.path,
+                key="jit_cache.presets",
+                line=doc.line_of(("jit_cache", "presets")),
+                hint=f"known presets: {', '.join(sorted(presets))} (knowledge/jit_presets.yaml)",
+            )
+        if preset_name in trail:
+            raise StackError(f"JIT preset include cycle: {' -> '.join((*trail, preset_name))}")
+        preset = presets[preset_name]
+        for included in preset.includes:
+            add_preset(included, (*trail, preset_name))
+        modules.extend(preset.modules)
+
+    for preset_name in manifest.jit_cache.presets:
+        add_preset(preset_name, ())
+    modules.extend(manifest.jit_cache.modules)
+    known = jit_modules_known()
+    for name in modules:
+        if name not in known:
+            raise StackError(
+                f"unknown FlashInfer JIT module {name!r}",
+                file=doc.path,
+                key="jit_cache",
+                line=doc.line_of(("jit_cache",)),
+                hint=f"known modules: {', '.join(sorted(known))} "
+                "(knowledge/flashinfer_modules.yaml)",
+            )
+    return tuple(dict.fromkeys(modules))
+
+
+def _check_reserved_env(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+    """Arch variables are derived; a manifest spelling them would be a second source of truth."""
+    for key in stack.manifest.env:
+        if key in stack.arch.env or key in ("MAX_JOBS", "FLASHINFER_NVCC_THREADS"):
+            raise _error_at(
+                docs,
+                ("env", key),
+                f"{key} is derived by the builder and cannot be set in env",
+                "list target GPUs under `gpus:` and build settings under `build:`",
+            )
+
+
+def _error_at(
+    docs: list[YamlDocument],
+    key_path: tuple[str | int, ...],
+    message: str,
+    hint: str | None = None,
+) -> StackError:
+    """An error at the manifest (child first) that spells out key_path, with its line."""
+    doc, line = locate(key_path, docs)
+    return StackError(message, file=doc.path, key=dotted(key_path), line=line, hint=hint)
+
+
+def _check_patches(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+    patches_dir = (stack.repo_root / "patches").resolve()
+    _check_distinct_names(docs, ("patches",), [p.file for p in stack.manifest.patches], "file")
+    for index, patch in enumerate(stack.manifest.patches):
+        path = stack.local_file(patch.file).resolve()
+        if not path.is_relative_to(patches_dir):
+            raise _error_at(
+                docs,
+                ("patches", index, "file"),
+                f"patch {patch.file} is outside the repository's patches/ folder",
+                "keep patch files under patches/",
+            )
+        if not path.is_file():
+            raise _error_at(
+                docs, ("patches", index, "file"), f"patch file {patch.file} does not exist"
+            )
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if actual != patch.sha256:
+            raise _error_at(
+                docs,
+                ("patches", index, "sha256"),
+                f"patch {patch.file} has sha256 {actual}, the manifest says {patch.sha256}",
+                "if the patch changed on purpose, update sha256 in the manifest",
+            )
+
+
+def _check_distinct_names(
+    docs: list[YamlDocument], key: tuple[str, ...], files: list[str], field: str | None = None
+) -> None:
+    """The build context keeps these files by name alone: two of one name would overwrite each
+    other there, and the build would fail at its sha256 check or patch step, hours in."""
+    seen: dict[str, int] = {}
+    for index, file in enumerate(files):
+        name = Path(file).name
+        if name in seen:
+            where = (*key, index, *((field,) if field else ()))
+            raise _error_at(
+                docs,
+                where,
+                f"{file} has the same file name as entry {seen[name]} ({files[seen[name]]})",
+                "give each file a name of its own",
+            )
+        seen[name] = index
+
+
+def _check_wheels(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+    _check_distinct_names(docs, ("python", "wheels"), stack.manifest.python.wheels)
+    for index, wheel in enumerate(stack.manifest.python.wheels):
+        if not stack.local_file(wheel).is_file():
+            raise _error_at(
+                docs,
+                ("python", "wheels", index),
+                f"wheel {wheel} does not exist on this machine",
+                "`make wheels-local` fetches the wheels the test stacks use",
+            )
+
+
+def rule_facts(stack: ResolvedStack) -> dict[str, Any]:
+    """The flat fact table rules.yaml conditions read (see the header of that file)."""
+    facts: dict[str, Any] = {}
+
+    def flatten(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                flatten(f"{prefix}.{key}" if prefix else key, item)
+        facts[prefix] = value
+
+    flatten("", stack.manifest.model_dump(mode="json"))
+    python = stack.manifest.python
+    for package, pin in {**python.packages, **python.overrides}.items():
+        facts[f"pins.{package}"] = pin.version
+    facts["patched"] = sorted({p.package for p in stack.manifest.patches})
+    facts["arch.flashinfer"] = list(stack.arch.flashinfer_archs)
+    if stack.manifest.serve.engine == "vllm" and stack.manifest.serve.moe_backend is None:
+        facts["serve.moe_backend"] = "auto"  # no --moe-backend: vLLM picks, as with auto
+    facts["jit.fixed_arch_gaps"] = stack.fixed_arch_gaps() or None
+    driver, minimum = stack.manifest.host_driver, stack.arch.min_driver
+    if driver is not None and minimum is not None:
+        facts["driver.below_minimum"] = Version(driver) < Version(minimum)
+    return facts
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)

@@ -1,0 +1,50 @@
+"""What `test` found: the static checks, the JIT-cache table and the smoke, as one JSON report.
+
+Plain data apart from the code that fills it, so the pytest plugin (run_checks.py) and the
+validator share it without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    skipped: bool = False
+    detail: str = ""
+
+
+@dataclass
+class CacheRow:
+    module: str
+    archs: list[str]
+    bytes: int
+    status: str
+    detail: str = ""
+
+
+@dataclass
+class TestReport:
+    stack: str
+    content_hash: str
+    image: str
+    checks: list[CheckResult] = field(default_factory=list)
+    jit_cache: list[CacheRow] = field(default_factory=list)
+    smoke: dict[str, Any] | None = None
+    smoke_skipped: str | None = None
+    path: str = ""
+
+    @property
+    def passed(self) -> bool:
+        static_ok = all(c.passed or c.skipped for c in self.checks)
+        smoke_ok = self.smoke is None or bool(self.smoke.get("passed"))
+        return static_ok and smoke_ok
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["passed"] = self.passed
+        return data

@@ -1,0 +1,641 @@
+"""The smoke test: serve the image's own command and ask it questions it must answer right.
+
+The seeds' broken stacks all started and answered HTTP 200; what was wrong was the text
+(commas, whitespace, '!!!!'), a kernel JIT-compiled at serve time, or speed. So the smoke
+judges answers (the manifest's pattern, `verify.garbage`), reads the server log for ninja/nvcc
+lines, and compares time to first token and tokens/s with the manifest's floors.
+
+The container runs the image's CMD unchanged (it is the manifest's serve command, rendered at
+build time): testing a different command line would prove nothing about the image. The serve
+port is published on a free 127.0.0.1 port, so nothing else on the host is exposed or needed.
+
+Whether a GPU smoke may run at all (`gpu_missing_reason`) is the caller's decision, not
+`run_smoke`'s: a CLI skips or fails (--require-gpu), tests may run on CPU stacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from builder.errors import ToolMissing
+from builder.spec.resolve import ResolvedStack
+from builder.verify.garbage import answer_matches, garbage_reasons
+
+# --- check names (the reasons a smoke fails) ---------------------------------------------------
+CHECK_START = "container starts"
+CHECK_READY = "server ready"
+#: Fails with a detail starting "server died" when the container exits at any point.
+CHECK_UP = "server stays up"
+CHECK_REQUEST = "request succeeds"
+CHECK_ANSWER = "correct answer"
+CHECK_GARBAGE = "not garbage"
+CHECK_JIT = "no JIT compile while serving"
+CHECK_TTFT = "time to first token"
+CHECK_SINGLE = "single-stream tok/s floor"
+CHECK_BATCHED = "batched tok/s floor"
+
+#: FlashInfer prints its ninja build lines only when verbose; a line means a runtime compile.
+SMOKE_ENV = {"FLASHINFER_JIT_VERBOSE": "1", "FLASHINFER_JIT_DEBUG": "0"}
+JIT_LINE = re.compile(r"^\[[0-9]+/[0-9]+\] .*nvcc.*$", re.MULTILINE)
+#: Long enough for a decode rate that short factual answers cannot give; not judged for content.
+THROUGHPUT_PROMPT = "Write a short essay about the history of the printing press."
+THROUGHPUT_MAX_TOKENS = 128
+REQUEST_TIMEOUT_S = (10.0, 300.0)
+POLL_S = 1.0
+#: After a failed request, how long a container may still read "running" before it counts as
+#: alive: a killed server's requests fail at once, while the engine records its exit a moment
+#: later (longer on a loaded machine), and a dead server must not pass "server stays up".
+DEATH_SETTLE_S = 5.0
+LOG_TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class Completion:
+    """One chat request: what came back and how fast."""
+
+    phase: str
+    prompt: str
+    text: str = ""
+    reasoning: str = ""
+    finish_reason: str | None = None
+    tokens: int = 0
+    #: "usage" when the server reported completion_tokens, else "deltas" (content chunks).
+    token_source: str = "deltas"
+    ttft_s: float | None = None
+    total_s: float = 0.0
+    streamed: bool = True
+    error: str | None = None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens/s after the first token; without streaming, over the whole request."""
+        if self.error or self.tokens == 0 or self.total_s <= 0:
+            return None
+        if self.streamed and self.ttft_s is not None and self.tokens > 1:
+            decode = self.total_s - self.ttft_s
+            return (self.tokens - 1) / decode if decode > 0 else None
+        return self.tokens / self.total_s
+
+
+@dataclass
+class SmokeReport:
+    stack: str
+    image: str
+    gpu: bool
+    started_at: str
+    checks: list[Check] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+    #: "streaming" or "non-streaming" (a server without SSE answers JSON to stream=true).
+    mode: str | None = None
+    #: Worst time to first token of the warm single-stream pass; the cold one separately.
+    ttft_s: float | None = None
+    ttft_cold_s: float | None = None
+    single_stream_tok_s: float | None = None
+    batched_tok_s: float | None = None
+    concurrency: int = 0
+    floors: dict[str, float | None] = field(default_factory=dict)
+    server_log: str | None = None
+    report_path: str | None = None
+    exit_code: int | None = None
+    duration_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(check.passed for check in self.checks)
+
+    def failed(self) -> list[Check]:
+        return [check for check in self.checks if not check.passed]
+
+    def add(self, name: str, passed: bool, detail: str = "") -> None:
+        self.checks.append(Check(name, passed, detail))
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["passed"] = self.passed
+        for item, completion in zip(data["completions"], self.completions, strict=True):
+            item["decode_tok_s"] = completion.decode_tok_s
+        return data
+
+
+# --- GPU gate ----------------------------------------------------------------------------------
+
+
+def gpu_missing_reason(api: Any) -> str | None:
+    """Why a GPU container cannot start here, or None when it can.
+
+    Two things must hold: the host has an NVIDIA device node (/dev/nvidia0: a GPU and its
+    driver; checked on this machine, so it assumes the engine is local, as DOCKER_HOST is not
+    consulted), and the engine can hand GPUs to containers: either an `nvidia` runtime is
+    registered (`nvidia-ctk runtime configure`, visible in `docker info` Runtimes), or the
+    NVIDIA Container Toolkit's hook is installed, which is what `--gpus` (a device request)
+    uses on Docker 19.03+ without a registered runtime.
+    """
+    if not Path("/dev/nvidia0").exists():
+        return "no NVIDIA GPU on this host (/dev/nvidia0 is missing)"
+    runtimes = (api.info() or {}).get("Runtimes") or {}
+    if "nvidia" not in runtimes and shutil.which("nvidia-container-runtime-hook") is None:
+        return (
+            "the Docker engine cannot give containers a GPU (no nvidia runtime, no NVIDIA "
+            "Container Toolkit): install nvidia-container-toolkit, run "
+            "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd"
+        )
+    return None
+
+
+def gpu_available(api: Any) -> bool:
+    return gpu_missing_reason(api) is None
+
+
+def gpu_gate(api: Any, *, require_gpu: bool) -> str | None:
+    """A skip message when the GPU smoke cannot run here; with require_gpu, an error instead."""
+    reason = gpu_missing_reason(api)
+    if reason is not None and require_gpu:
+        raise ToolMissing(f"the GPU smoke is required (--require-gpu) but {reason}")
+    return None if reason is None else f"GPU smoke skipped: {reason}"
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def run_smoke(
+    api: Any,
+    image_ref: str,
+    stack: ResolvedStack,
+    *,
+    mounts: dict[str, str],
+    gpu: bool,
+    report_path: Path,
+    log: Callable[[str], None] = print,
+) -> SmokeReport:
+    """Serve image_ref, judge its answers, write the JSON report and the server log."""
+    smoke = stack.manifest.smoke
+    report = SmokeReport(
+        stack=stack.name,
+        image=image_ref,
+        gpu=gpu,
+        started_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        concurrency=smoke.concurrency,
+        floors=smoke.floors.model_dump(),
+        report_path=str(report_path),
+    )
+    began = time.monotonic()
+    container = _start(api, image_ref, stack, mounts, gpu, report, log)
+    try:
+        if container is not None:
+            server = _Server(container, stack, report, log)
+            if server.wait_ready():
+                server.exercise()
+            server.check_alive()
+    finally:
+        if container is not None:
+            _collect_log(container, report, report_path)
+            _remove(container)
+        report.duration_s = round(time.monotonic() - began, 2)
+        _write_report(report, report_path)
+    log(format_table(report))
+    return report
+
+
+def _start(
+    api: Any,
+    image_ref: str,
+    stack: ResolvedStack,
+    mounts: dict[str, str],
+    gpu: bool,
+    report: SmokeReport,
+    log: Callable[[str], None],
+) -> Any:
+    """The image's own CMD, its serve port on a free loopback port; None (a failed check) if not."""
+    from docker.errors import DockerException
+    from docker.types import DeviceRequest
+
+    serve = stack.manifest.serve
+    options: dict[str, Any] = {
+        "detach": True,
+        "name": f"sm120-smoke-{stack.name}-{uuid.uuid4().hex[:8]}",
+        "labels": {"sm120-stacks.smoke": stack.name},
+        "environment": dict(SMOKE_ENV),
+        "ports": {f"{serve.port}/tcp": ("127.0.0.1",)},
+        "shm_size": serve.shm_size,
+        "volumes": {host: {"bind": inside, "mode": "ro"} for host, inside in mounts.items()},
+    }
+    if gpu:
+        options["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    log(f"smoke: starting {image_ref} ({'GPU' if gpu else 'no GPU'})")
+    try:
+        container = api.containers.run(image_ref, **options)
+    except DockerException as exc:
+        reason = getattr(exc, "explanation", None) or str(exc)
+        report.add(CHECK_START, False, f"{exc.__class__.__name__}: {reason}"[:1000])
+        _remove_named(api, options["name"])  # created, then refused at start (e.g. no GPU)
+        return None
+    report.add(CHECK_START, True, f"{container.name} ({container.short_id})")
+    return container
+
+
+class _Server:
+    """A started smoke container and what is asked of it; results go into the report."""
+
+    def __init__(
+        self, container: Any, stack: ResolvedStack, report: SmokeReport, log: Callable[[str], None]
+    ) -> None:
+        self.container = container
+        self.stack = stack
+        self.report = report
+        self.log = log
+        serve = stack.manifest.serve
+        self.model = serve.served_model_name or serve.model.id
+        self.base_url: str | None = None
+        self.died = False
+
+    # -- lifecycle --
+
+    def wait_ready(self) -> bool:
+        """Poll /health until 200; a container that exits meanwhile died, it did not time out."""
+        timeout = self.stack.manifest.smoke.health_timeout_s
+        began = time.monotonic()
+        while time.monotonic() - began < timeout:
+            if not self._running():
+                self._record_death("during startup")
+                return False
+            if self._healthy():
+                waited = time.monotonic() - began
+                self.report.add(CHECK_READY, True, f"/health 200 after {waited:.1f} s")
+                self.log(f"smoke: server ready after {waited:.1f} s")
+                return True
+            time.sleep(POLL_S)
+        self.report.add(CHECK_READY, False, f"no 200 from /health within {timeout} s")
+        return False
+
+    def check_alive(self) -> None:
+        if self.died:
+            return
+        failed = any(c.error for c in self.report.completions)
+        if self._still_running(DEATH_SETTLE_S if failed else 0.0):
+            self.report.add(CHECK_UP, True, "still running after the smoke requests")
+        else:
+            self._record_death("while serving")
+
+    def _still_running(self, settle_s: float) -> bool:
+        """Running now and for settle_s more (see DEATH_SETTLE_S)."""
+        deadline = time.monotonic() + settle_s
+        while self._running():
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _running(self) -> bool:
+        self.container.reload()
+        state = self.container.attrs.get("State", {})
+        return bool(state.get("Running")) and not state.get("Restarting")
+
+    def _record_death(self, when: str) -> None:
+        self.died = True
+        state = self.container.attrs.get("State", {})
+        self.report.exit_code = state.get("ExitCode")
+        tail = [line for line in _log_text(self.container).splitlines() if line.strip()]
+        detail = (
+            f"server died {when}: exit code {state.get('ExitCode')}"
+            f"{' (OOM killed)' if state.get('OOMKilled') else ''}"
+            f"{', ' + state['Error'] if state.get('Error') else ''}"
+            f"; last log line: {tail[-1][:200] if tail else '(empty log)'}\n"
+            + "\n".join(tail[-LOG_TAIL_LINES:])
+        )
+        self.report.add(CHECK_UP, False, detail)
+        self.log(f"smoke: server died {when} (exit code {state.get('ExitCode')})")
+
+    def _url(self, path: str) -> str | None:
+        if self.base_url is None:
+            ports = self.container.attrs.get("NetworkSettings", {}).get("Ports") or {}
+            bound = ports.get(f"{self.stack.manifest.serve.port}/tcp") or []
+            if not bound:
+                return None
+            self.base_url = f"http://127.0.0.1:{bound[0]['HostPort']}"
+        return self.base_url + path
+
+    def _healthy(self) -> bool:
+        url = self._url("/health")
+        if url is None:
+            return False
+        try:
+            return requests.get(url, timeout=5).status_code == 200
+        except requests.RequestException:
+            return False
+
+    # -- requests --
+
+    def exercise(self) -> None:
+        """Cold and warm single requests, a concurrent batch, then the throughput runs."""
+        smoke = self.stack.manifest.smoke
+        prompts = [(p.prompt, p.max_tokens, p.expect) for p in smoke.prompts]
+        cold = [self._judged("cold", *p) for p in prompts]
+        if self._gave_up(cold):
+            return
+        warm = [self._judged("warm", *p) for p in prompts]
+        batch_prompts = [prompts[i % len(prompts)] for i in range(smoke.concurrency)]
+        batch, _ = self._concurrent("batch", batch_prompts) if prompts else ([], 0.0)
+        for completion, (_, _, expect) in zip(batch, batch_prompts, strict=True):
+            self._judge(completion, expect)
+        if self._gave_up(warm + batch):
+            return
+        self._throughput(smoke.concurrency)
+        self._numbers(cold, warm)
+
+    def _gave_up(self, completions: list[Completion]) -> bool:
+        """A failed request may mean a dead server: stop asking, say so once."""
+        if any(c.error for c in completions) and not self._still_running(DEATH_SETTLE_S):
+            self._record_death("while serving")
+            return True
+        return False
+
+    def _judged(self, phase: str, prompt: str, max_tokens: int, expect: str) -> Completion:
+        completion = self._chat(phase, prompt, max_tokens)
+        self._judge(completion, expect)
+        return completion
+
+    def _judge(self, completion: Completion, expect: str) -> None:
+        label = f"[{completion.phase}] {completion.prompt[:60]}"
+        if completion.error:
+            self.report.add(CHECK_REQUEST, False, f"{label}: {completion.error}")
+            return
+        self.report.add(CHECK_REQUEST, True, label)
+        answer = f"{label} -> {completion.text[:200]!r}"
+        matched = answer_matches(completion.text, expect)
+        self.report.add(CHECK_ANSWER, matched, answer + ("" if matched else f" !~ /{expect}/i"))
+        reasons = garbage_reasons(completion.text)
+        self.report.add(CHECK_GARBAGE, not reasons, "; ".join(reasons) or answer)
+
+    def _concurrent(
+        self, phase: str, prompts: list[tuple[str, int, str]]
+    ) -> tuple[list[Completion], float]:
+        """All at once from threads; returns the completions and the wall time of the batch."""
+        began = time.monotonic()
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            futures = [pool.submit(self._chat, phase, p, n) for p, n, _ in prompts]
+            completions = [f.result() for f in futures]
+        return completions, time.monotonic() - began
+
+    def _throughput(self, concurrency: int) -> None:
+        single = self._chat("throughput", THROUGHPUT_PROMPT, THROUGHPUT_MAX_TOKENS)
+        self._require_success(single)
+        self.report.single_stream_tok_s = _round(single.decode_tok_s)
+        runs = [(THROUGHPUT_PROMPT, THROUGHPUT_MAX_TOKENS, "")] * concurrency
+        batch, wall = self._concurrent("throughput-batch", runs)
+        for completion in batch:
+            self._require_success(completion)
+        if wall > 0 and not any(c.error for c in batch):
+            self.report.batched_tok_s = _round(sum(c.tokens for c in batch) / wall)
+
+    def _require_success(self, completion: Completion) -> None:
+        label = f"[{completion.phase}] throughput prompt"
+        detail = completion.error or f"{completion.tokens} tokens in {completion.total_s:.2f} s"
+        self.report.add(CHECK_REQUEST, completion.error is None, f"{label}: {detail}")
+
+    def _numbers(self, cold: list[Completion], warm: list[Completion]) -> None:
+        report, floors = self.report, self.stack.manifest.smoke.floors
+        cold_ttft = [c.ttft_s for c in cold if c.ttft_s is not None]
+        warm_ttft = [c.ttft_s for c in warm if c.ttft_s is not None]
+        report.ttft_cold_s = _round(cold_ttft[0]) if cold_ttft else None
+        report.ttft_s = _round(max(warm_ttft)) if warm_ttft else None
+        if floors.max_ttft_s is not None:
+            ok = report.ttft_s is not None and report.ttft_s <= floors.max_ttft_s
+            report.add(CHECK_TTFT, ok, f"{report.ttft_s} s (at most {floors.max_ttft_s} s)")
+        _floor(report, CHECK_SINGLE, report.single_stream_tok_s, floors.single_stream_tok_s)
+        _floor(report, CHECK_BATCHED, report.batched_tok_s, floors.batched_tok_s)
+
+    def _chat(self, phase: str, prompt: str, max_tokens: int) -> Completion:
+        completion = Completion(phase=phase, prompt=prompt)
+        url = self._url("/v1/chat/completions")
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        began = time.monotonic()
+        try:
+            if url is None:
+                raise ValueError("the serve port is not published")
+            with requests.post(url, json=body, stream=True, timeout=REQUEST_TIMEOUT_S) as response:
+                _read_response(response, completion, began)
+        except (requests.RequestException, ValueError) as exc:
+            completion.error = f"{exc.__class__.__name__}: {exc}"[:500]
+        completion.total_s = time.monotonic() - began
+        self.report.completions.append(completion)
+        if completion.error is None and self.report.mode is None:
+            self.report.mode = "streaming" if completion.streamed else "non-streaming"
+        return completion
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+
+
+def _read_response(response: requests.Response, completion: Completion, began: float) -> None:
+    """SSE when the server streams; a JSON body (non-streaming fallback) otherwise."""
+    if response.status_code != 200:
+        raise ValueError(f"HTTP {response.status_code}: {response.text[:300]}")
+    if "text/event-stream" not in response.headers.get("content-type", ""):
+        completion.streamed = False
+        _apply_json(completion, response.json())
+        return
+    deltas = 0
+    for event in _sse_events(response):
+        deltas += _apply_chunk(completion, event, began)
+    if completion.token_source != "usage":
+        completion.tokens = deltas
+
+
+def _sse_events(response: requests.Response) -> Iterator[dict[str, Any]]:
+    for raw in response.iter_lines(decode_unicode=False):
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[len("data:") :].strip()
+        if payload == "[DONE]":
+            return
+        event = json.loads(payload)
+        if isinstance(event, dict):
+            if "error" in event:
+                raise ValueError(f"server error in stream: {str(event['error'])[:300]}")
+            yield event
+
+
+def _apply_chunk(completion: Completion, event: dict[str, Any], began: float) -> int:
+    """Fold one chunk in; returns 1 when it carried generated text (a token, near enough)."""
+    _apply_usage(completion, event)
+    carried = 0
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        content = delta.get("content") or ""
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        if content or reasoning:
+            carried = 1
+            if completion.ttft_s is None:
+                completion.ttft_s = time.monotonic() - began
+        completion.text += content
+        completion.reasoning += reasoning
+        completion.finish_reason = choice.get("finish_reason") or completion.finish_reason
+    return carried
+
+
+def _apply_json(completion: Completion, body: dict[str, Any]) -> None:
+    choice = (body.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    completion.text = message.get("content") or ""
+    completion.reasoning = message.get("reasoning_content") or ""
+    completion.finish_reason = choice.get("finish_reason")
+    _apply_usage(completion, body)
+    if completion.token_source != "usage":
+        completion.tokens = len(completion.text.split())
+        completion.token_source = "words"
+
+
+def _apply_usage(completion: Completion, body: dict[str, Any]) -> None:
+    usage = body.get("usage") or {}
+    if isinstance(usage.get("completion_tokens"), int):
+        completion.tokens = usage["completion_tokens"]
+        completion.token_source = "usage"
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+def _floor(report: SmokeReport, name: str, value: float | None, floor: float) -> None:
+    if floor > 0:
+        ok = value is not None and value >= floor
+        report.add(name, ok, f"{value} tok/s (floor {floor})")
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _log_text(container: Any) -> str:
+    try:
+        raw = container.logs(stdout=True, stderr=True)
+    except Exception as exc:  # the log is evidence, never a reason to lose the report
+        return f"(could not read the container log: {exc})"
+    return bytes(raw).decode("utf-8", errors="replace")
+
+
+def _collect_log(container: Any, report: SmokeReport, report_path: Path) -> None:
+    """Keep the whole log beside the report, and fail on any JIT compile line in it."""
+    text = _log_text(container)
+    path = server_log_path(report_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    report.server_log = str(path)
+    lines = [m.group(0) for m in JIT_LINE.finditer(text)]
+    detail = f"{len(lines)} ninja/nvcc lines, first: {lines[0][:300]}" if lines else "none"
+    report.add(CHECK_JIT, not lines, detail)
+
+
+def server_log_path(report_path: Path) -> Path:
+    return report_path.with_name(report_path.stem + ".server.log")
+
+
+def _remove(container: Any) -> None:
+    from docker.errors import DockerException
+
+    with contextlib.suppress(DockerException):  # already gone: nothing left to clean up
+        container.remove(force=True)
+
+
+def _remove_named(api: Any, name: str) -> None:
+    from docker.errors import DockerException
+
+    with contextlib.suppress(DockerException):
+        _remove(api.containers.get(name))
+
+
+def _write_report(report: SmokeReport, report_path: Path) -> None:
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+def format_table(report: SmokeReport) -> str:
+    """What a person reads: the verdict, one line per check, the numbers, where the files are."""
+    verdict = "PASSED" if report.passed else "FAILED"
+    lines = [
+        f"smoke {report.stack} ({report.image}): {verdict} in {report.duration_s:.1f} s"
+        f", {report.mode or 'no requests'}, {'GPU' if report.gpu else 'no GPU'}",
+    ]
+    for check in _condensed(report.checks):
+        lines.append(f"  {'pass' if check.passed else 'FAIL'}  {check.name:<30} {check.detail}")
+    lines.append(
+        f"  ttft {_num(report.ttft_s, 's')} (cold {_num(report.ttft_cold_s, 's')})"
+        f" | single-stream {_num(report.single_stream_tok_s, 'tok/s')}"
+        f" | batched {_num(report.batched_tok_s, 'tok/s')} at {report.concurrency} concurrent"
+    )
+    lines.append(f"  report {report.report_path}; server log {report.server_log}")
+    return "\n".join(lines)
+
+
+def _condensed(checks: list[Check]) -> list[Check]:
+    """Repeated passing checks collapse into one line; every failure keeps its own line."""
+    out: list[Check] = []
+    passes: dict[str, int] = {}
+    for check in checks:
+        if check.passed:
+            passes[check.name] = passes.get(check.name, 0) + 1
+            if passes[check.name] > 1:
+                continue
+        first_line = check.detail.splitlines()[0] if check.detail else ""
+        out.append(Check(check.name, check.passed, first_line[:100]))
+    return [_with_count(c, passes.get(c.name, 0)) for c in out]
+
+
+def _with_count(check: Check, passes: int) -> Check:
+    if not check.passed or passes < 2:
+        return check
+    return Check(check.name, True, f"{passes} x, first: {check.detail}")
+
+
+def _num(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:.2f} {unit}" if unit == "s" else f"{value:.1f} {unit}"
+
+
+__all__ = [
+    "CHECK_ANSWER",
+    "CHECK_BATCHED",
+    "CHECK_GARBAGE",
+    "CHECK_JIT",
+    "CHECK_READY",
+    "CHECK_REQUEST",
+    "CHECK_SINGLE",
+    "CHECK_START",
+    "CHECK_TTFT",
+    "CHECK_UP",
+    "Check",
+    "Completion",
+    "SmokeReport",
+    "format_table",
+    "gpu_available",
+    "gpu_gate",
+    "gpu_missing_reason",
+    "run_smoke",
+    "server_log_path",
+]

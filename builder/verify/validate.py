@@ -1,0 +1,170 @@
+"""Image -> test report: static testinfra checks, the JIT-cache table, and the smoke prompt.
+
+The static checks run in a throwaway container of the image started with `sleep infinity` (the
+serve command would exit without a GPU and a model); testinfra reaches it with `docker exec`.
+The report is JSON under build/STACK/ plus a table a person reads at a glance; its verdict is
+recorded, so `push` can refuse untested images.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import certifi
+
+from builder.errors import StackError
+from builder.files import write_atomic
+from builder.image.build import find_image
+from builder.image.names import HASH_CHARS, local_ref
+from builder.image.records import load_record, save_record
+from builder.lock.lockfile import Lock
+from builder.render.context import render
+from builder.spec.resolve import ResolvedStack
+from builder.verify.expectations import expectations
+from builder.verify.report import CacheRow, CheckResult, TestReport
+
+
+def run_static_checks(
+    api: Any,
+    stack: ResolvedStack,
+    image_ref: str,
+    content_hash: str,
+    lock: Lock | None,
+    workdir: Path,
+    proxy_ca: Path | None = None,
+) -> list[CheckResult]:
+    expect = expectations(stack, content_hash, lock).to_json()
+    inspect = api.images.get(image_ref).attrs
+    # Kept beside the report, so a failed check can be replayed by hand.
+    (workdir / "expectations.json").write_text(json.dumps(expect, indent=2))
+    (workdir / "inspect.json").write_text(json.dumps(inspect))
+    from builder.verify.run_checks import CheckInputs, run_checks  # pytest: only when checking
+
+    inputs = CheckInputs(expect, inspect, proxy_ca_lines(proxy_ca))
+    container = api.containers.run(
+        image_ref,
+        entrypoint=["sleep"],
+        command=["infinity"],
+        detach=True,
+        name=f"sm120-check-{stack.name}-{uuid.uuid4().hex[:8]}",
+        network_mode="none",
+    )
+    try:
+        return run_checks(inputs, f"docker://{container.id}", workdir)
+    finally:
+        container.remove(force=True)
+
+
+def cache_table(api: Any, stack: ResolvedStack, image_ref: str) -> list[CacheRow]:
+    """The JIT-cache verification output of the image's own tool, run in its own environment."""
+    if not stack.jit_modules:
+        return []
+    tool = "/opt/sm120-stacks/tools/flashinfer_jit.py"
+    output = _run_capture(api, image_ref, ["python", tool, "verify", *stack.jit_modules])
+    expected = stack.module_archs()
+    rows = []
+    for line in output.splitlines():
+        if line.startswith("{"):
+            data = json.loads(line)
+            status = data["status"]
+            missing = set(expected.get(data["module"], [])) - set(data.get("archs", []))
+            if status == "hit" and missing:
+                status = "wrong-arch"
+            rows.append(
+                CacheRow(
+                    data["module"],
+                    data.get("archs", []),
+                    data.get("bytes", 0),
+                    status,
+                    data.get("detail", ""),
+                )
+            )
+    return rows
+
+
+def _run_capture(api: Any, image_ref: str, command: list[str]) -> str:
+    container = api.containers.run(image_ref, command=command, detach=True, network_mode="none")
+    try:
+        container.wait(timeout=600)
+        return str(container.logs(stdout=True, stderr=False).decode())
+    finally:
+        container.remove(force=True)
+
+
+#: Public certificate sets a host bundle is made from: Mozilla's, as certifi ships it and as
+#: Debian/Ubuntu keep it (the distribution's copy is often older or newer than certifi's, and
+#: other packages in the image ship older copies still, e.g. grpc's roots.pem). Site additions
+#: (/usr/local/share/ca-certificates) are what is left: the proxy CA.
+PUBLIC_CA_GLOBS = ("/usr/share/ca-certificates/mozilla/*.crt",)
+
+
+def public_ca_text(globs: tuple[str, ...] = PUBLIC_CA_GLOBS) -> str:
+    texts = [Path(certifi.where()).read_text(errors="replace")]
+    for pattern in globs:
+        texts += [Path(f).read_text(errors="replace") for f in sorted(glob.glob(pattern))]
+    return "\n".join(texts)
+
+
+def proxy_ca_lines(bundle: Path | None, public: str | None = None) -> list[str]:
+    """One distinctive base64 line of each private certificate in the proxy CA bundle: those
+    in no public set, which the image's own CA stores ship legitimately. Finding one of them in
+    the image means the build secret leaked."""
+    if bundle is None or not bundle.is_file():
+        return []
+    public = public_ca_text() if public is None else public
+    lines = []
+    for block in bundle.read_text(errors="replace").split("-----BEGIN CERTIFICATE-----")[1:]:
+        body = [x for x in block.split("-----END CERTIFICATE-----")[0].split() if len(x) == 64]
+        if len(body) > 4 and body[len(body) // 2] not in public:
+            lines.append(body[len(body) // 2])
+    return lines
+
+
+def validate(
+    api: Any,
+    stack: ResolvedStack,
+    build_dir: Path,
+    proxy_ca: Path | None = None,
+    smoke: Any = None,
+) -> TestReport:
+    """Static checks and cache table now; `smoke` (a callable) adds the smoke prompt result."""
+    rendered = render(stack)
+    content_hash = rendered.content_hash()
+    image_ref = local_ref(stack.name, content_hash)
+    if find_image(api, image_ref, content_hash) is None:
+        raise StackError(
+            f"no image of {stack.name} at its current content hash ({image_ref})",
+            hint=f"build it first: sm120-stacks build {stack.name} (make stack STACK={stack.name})",
+        )
+    report = TestReport(stack.name, content_hash, image_ref)
+    stack_dir = build_dir / stack.name / "reports"
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sm120-checks-") as scratch:
+        report.checks = run_static_checks(
+            api, stack, image_ref, content_hash, rendered.lock, Path(scratch), proxy_ca
+        )
+    report.jit_cache = cache_table(api, stack, image_ref)
+    if smoke is not None:
+        outcome = smoke(image_ref, stack_dir)
+        if isinstance(outcome, str):
+            report.smoke_skipped = outcome
+        else:
+            report.smoke = outcome
+    path = stack_dir / f"{stack.name}-{content_hash[:HASH_CHARS]}.json"
+    report.path = str(path)
+    write_atomic(path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    record = load_record(build_dir, stack.name, content_hash)
+    record.tests = "passed" if report.passed else "failed"
+    record.report = str(path)
+    record.smoke = (
+        f"skipped: {report.smoke_skipped}"
+        if report.smoke is None
+        else ("passed" if report.smoke.get("passed") else "failed")
+    )
+    save_record(build_dir, record)
+    return report
