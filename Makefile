@@ -6,9 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 CLI := $(BIN)/sm120-stacks
 STACK ?= ci-mini
-export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv host host-registry stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship clean
+.PHONY: help venv host host-registry stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet clean
 
 help:
 	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml"
@@ -18,6 +17,8 @@ help:
 	@echo "make base-cuda-local    a CUDA 13.0 devel base made here from NVIDIA's PyPI wheels"
 	@echo "make flagship-local STACK=vllm-0.22-b12x   a flagship on that base (hours on 2 cores)"
 	@echo "make bench-flagship STACK=vllm-0.22-b12x   its measurements (bench/RESULTS.md §4)"
+	@echo "make bench-cache        a fresh engine builds a ci-mini variant from the registry's cache (bench/RESULTS.md)"
+	@echo "make bench-fleet        two hosts (namespaces, sshd, dockerd): roll, rollback, drift (bench/RESULTS.md)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +94,14 @@ bench: venv
 
 bench-flagship: venv
 	bench/flagship.sh $(STACK)
+
+# Heavy, root only: each starts private engines in network namespaces (scripts/fleet-netns.sh)
+# and tears them down afterwards.
+bench-cache: venv host-registry base-cuda-local
+	bench/shared-cache.sh
+
+bench-fleet: venv host-registry base-cuda-local
+	bench/fleet.sh
 
 clean:
 	rm -rf build

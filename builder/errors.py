@@ -37,6 +37,11 @@ class StackError(Exception):
         return text
 
 
+class OperationFailed(Exception):
+    """The input was fine and the operation ran, but failed (a build step, a registry refusal):
+    exit status 1, with where to look. Apart from StackError so scripts can tell the two apart."""
+
+
 class ToolMissing(StackError):
     """Something the machine lacks (engine, registry, GPU); the hint says how to get it."""
 

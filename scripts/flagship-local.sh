@@ -27,7 +27,6 @@ build:
 YAML
 scripts/make-base-cuda-local.sh
 export SM120_STACKS_BASE_SUBSTITUTE="nvidia/cuda:13.0.2-devel-ubuntu24.04=local/cuda:13.0.2-devel-bookworm"
-export SM120_STACKS_CA_BUNDLE="${SM120_STACKS_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 cli=(.venv/bin/sm120-stacks --stacks-dir "$work/stacks" --build-dir build)
 if [[ -f "stacks/$stack.lock" ]]; then  # before check: a lock of an older manifest is stale
   "${cli[@]}" lock "$stack-local" --versions-from "stacks/$stack.lock"

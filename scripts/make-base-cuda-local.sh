@@ -10,9 +10,10 @@
 #   FORCE=1 NO_CACHE=1 scripts/make-base-cuda-local.sh   # rebuild every layer
 #
 # Environment: CUDA_IMAGE (the image to make), BASE_IMAGE (the Debian + Python image it starts from;
-# made by scripts/make-base-local.sh when missing), CA_BUNDLE (CA file passed as the `proxy-ca`
-# BuildKit secret for pip; default /etc/ssl/certs/ca-certificates.crt when it exists), DOCKER (client
-# binary), FORCE, NO_CACHE.
+# made by scripts/make-base-local.sh when missing), CA_BUNDLE or SM120_STACKS_CA_BUNDLE (CA file passed
+# as the `proxy-ca` BuildKit secret for pip, `none` for no secret; default: the host's system trust
+# store, resolved as `sm120-stacks build` resolves --ca-bundle), PYTHON (runs that resolver; any
+# Python 3.11+), DOCKER (client binary), FORCE, NO_CACHE.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -45,11 +46,12 @@ if ! "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
 fi
 
 args=(--network host --progress=plain --build-arg "BASE_IMAGE=$BASE" -t "$IMAGE" -f "$CONTEXT/Dockerfile")
-if [[ -n "${CA_BUNDLE:-}" ]]; then
-  [[ -s "$CA_BUNDLE" ]] || { echo "make-base-cuda-local: CA_BUNDLE=$CA_BUNDLE is not a readable file" >&2; exit 1; }
-  args+=(--secret "id=proxy-ca,src=$CA_BUNDLE")
-elif [[ -s /etc/ssl/certs/ca-certificates.crt ]]; then
-  args+=(--secret "id=proxy-ca,src=/etc/ssl/certs/ca-certificates.crt")
+python="${PYTHON:-$root/.venv/bin/python}"
+[[ -x "$python" ]] || python=python3
+ca_bundle="$(PYTHONPATH="$root" "$python" -m builder.image.cabundle "${CA_BUNDLE:-${SM120_STACKS_CA_BUNDLE:-}}")" || {
+  echo "make-base-cuda-local: set CA_BUNDLE to an existing file, or to none" >&2; exit 2; }
+if [[ -n "$ca_bundle" ]]; then
+  args+=(--secret "id=proxy-ca,src=$ca_bundle")
 fi
 if [[ "${NO_CACHE:-0}" == 1 ]]; then args+=(--no-cache); fi
 

@@ -70,7 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     engine_items = [item for item in items if item.get_closest_marker("engine")]
     if not engine_items:
         return
-    from builder.image.engine import engine_reachable
+    from builder.image.docker_engine import engine_reachable
 
     if engine_reachable():
         return

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
+from builder import REPO_ROOT
 from builder.cli.app import Terminated, _raise_terminated, user_errors
 from builder.cli.main import cli
 from builder.spec.resolve import stack_names
@@ -95,3 +98,41 @@ def test_sigterm_and_ctrl_c_stop_a_command_with_their_exit_status() -> None:
         assert signal.getsignal(signal.SIGTERM) is _raise_terminated
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_every_command_is_in_the_lazy_table_under_its_own_module() -> None:
+    from builder.cli.app import COMMAND_MODULES, cli, import_all_commands
+
+    import_all_commands()
+    where = {name: command.callback.__module__ for name, command in cli.commands.items()}
+    assert where == COMMAND_MODULES, "add new commands to builder.cli.app.COMMAND_MODULES"
+
+
+def test_a_command_imports_only_its_own_step() -> None:
+    code = (
+        "import sys; from builder.cli.main import main; sys.argv = ['x', 'show', 'ci-mini']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('docker', 'pytest', 'requests', 'builder.image.build') "
+        "if m in sys.modules), file=sys.stderr)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True
+    )
+    assert result.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_list_prints_the_table_when_a_lock_is_stale(
+    stacks_dir: Path, run_cli: Callable[..., Result]
+) -> None:
+    """A stale lock used to escape `list` as an error: no table at all. Its row says so now,
+    with what to run below the table, and every other stack is listed."""
+    path = stacks_dir / "vllm-0.22-marlin.yaml"
+    path.write_text(path.read_text().replace("vllm: 0.22.1", "vllm: 0.22.2"))
+    result = run_cli("list", stacks_dir=stacks_dir)
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[1][:20]: line for line in result.output.splitlines() if line[:1] == "│"}
+    assert {name[:20] for name in stack_names(stacks_dir)} <= set(rows)  # long names end in …
+    assert "lock stale" in rows["vllm-0.22-marlin"]
+    assert " ok " in rows["vllm-0.17-flashinfer-cu"[:20]]
+    assert "vllm-0.22-marlin: " in result.output
+    assert "run `sm120-stacks lock vllm-0.22-marlin`" in result.output

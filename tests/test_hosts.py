@@ -19,7 +19,7 @@ from click.testing import Result
 
 from builder.cli import hosts as cli_hosts
 from builder.errors import StackError
-from builder.hosts.deploy import docker_run_args, render_files, sdk_run_kwargs, systemd_quote
+from builder.hosts.deploy import container_spec, docker_run_args, render_files, systemd_quote
 from builder.hosts.drift import (
     actual_config,
     compare_config,
@@ -30,6 +30,7 @@ from builder.hosts.drift import (
 )
 from builder.hosts.hostcheck import Gpu, HostFacts, Probe, check, gather, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
+from builder.image.docker_engine import run_kwargs
 from builder.image.records import Record, save_record
 from builder.lock.lockfile import (
     LOCK_SCHEMA,
@@ -244,7 +245,8 @@ def test_pin_round_trips_through_its_file(stacks_dir: Path, tmp_path: Path) -> N
     assert data["ports"] == ["8000:8000"]
     assert data["volumes"] == [{"source": "/srv/m", "target": "/models", "read_only": True}]
     assert data["needs"]["min_driver"] == "580.65.06"
-    assert data["needs"]["compute_capabilities"] == ["12.0"]
+    assert data["needs"]["targets"] == {"sm120": "12.0"}
+    assert data["serve_port"] == 8000
     assert data["pinned_at"] == "2026-01-02T03:04:05Z"
     assert [p.name for p in hosts.iterdir()] == ["gpu-node-07.yaml"]  # no temporary left
 
@@ -417,12 +419,20 @@ def test_systemd_unit_runs_the_same_container(stacks_dir: Path, tmp_path: Path) 
 
 def test_sdk_arguments_match_the_pin(stacks_dir: Path, tmp_path: Path) -> None:
     pin = _pin(stacks_dir, tmp_path, ports=("127.0.0.1:9000:8000",), gpus="none")
-    kwargs = sdk_run_kwargs(pin)
+    kwargs = run_kwargs(container_spec(pin))
     assert kwargs["image"] == pin.image and kwargs["command"] == pin.command
     assert kwargs["ports"] == {"8000/tcp": ("127.0.0.1", 9000)}
     assert kwargs["restart_policy"] == {"Name": "unless-stopped"}
     assert "device_requests" not in kwargs
     assert kwargs["healthcheck"]["start_period"] == 900 * 10**9
+    gpu_pin = _pin(stacks_dir, tmp_path, gpus="0,1", volumes=("/srv/m:/models:ro", "hf:/hf"))
+    gpu_kwargs = run_kwargs(container_spec(gpu_pin))
+    [request] = gpu_kwargs["device_requests"]
+    assert (request["Count"], request["DeviceIDs"]) == (0, ["0", "1"])
+    assert [(m["Type"], m["Source"], m["ReadOnly"]) for m in gpu_kwargs["mounts"]] == [
+        ("bind", "/srv/m", True),
+        ("volume", "hf", False),
+    ]
 
 
 # --- drift -------------------------------------------------------------------------------------

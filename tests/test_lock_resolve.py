@@ -31,7 +31,7 @@ def test_an_override_nothing_depends_on_is_locked(
         write_stack,
         {"packages": {"packaging": "24.1"}, "overrides": {"six": "1.16.0"}},
     )
-    lock = make_lock(resolve("lock-probe", stacks_dir), api=None)
+    lock = make_lock(resolve("lock-probe", stacks_dir), engine=None)
     locked = {**lock.python.heavy, **lock.python.packages}
     assert locked["six"].version == "1.16.0"
     assert locked["packaging"].version == "24.1"
@@ -49,17 +49,17 @@ def test_versions_from_another_lock_are_kept_where_the_stack_allows(
     python = {"version": "3.12", "packages": {"requests": "2.32.3"}}
     manifest["python"] = {**python, "packages": {"requests": "2.32.3", "urllib3": "2.2.0"}}
     write_stack("flagship", manifest)
-    flagship = make_lock(resolve("flagship", stacks_dir), api=None)
+    flagship = make_lock(resolve("flagship", stacks_dir), engine=None)
     manifest["python"] = {**python, "version": "3.11", "packages": {"requests": "2.32.3"}}
     manifest["python"]["packages"]["idna"] = "3.7"  # older than the flagship resolves
     write_stack("variant", manifest)
     variant = resolve("variant", stacks_dir)
 
-    fresh = make_lock(variant, api=None)
+    fresh = make_lock(variant, engine=None)
     assert fresh.python.versions()["urllib3"] != "2.2.0", "nothing to prefer: today's urllib3"
     assert fresh.python.versions_from is None
 
-    kept = make_lock(variant, api=None, prefer=flagship)
+    kept = make_lock(variant, engine=None, prefer=flagship)
     assert kept.python.versions()["urllib3"] == "2.2.0"
     assert kept.python.versions_from is not None
     assert kept.python.versions_from.stack == "flagship"

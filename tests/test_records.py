@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from click.testing import Result
 
 from builder.image.build import BuildOptions, build_argv, stack_dir_lock
-from builder.image.engine import BuildClient
+from builder.image.buildclient import BuildClient
 from builder.image.records import Record, load_record, save_record
 from builder.render.context import render
 from builder.spec.resolve import resolve
@@ -20,7 +22,7 @@ def test_a_new_image_under_the_same_hash_is_untested_and_unpushed(tmp_path: Path
     record = Record(stack="s", content_hash="a" * 64)
     record.attach_image("sha256:old")
     record.tests, record.report = "passed", "report.json"
-    record.pushed = {"r/sm120-stacks": "r/sm120-stacks@sha256:1"}
+    record.pushed = {"r/sm120-stacks": "r/sm120-stacks@sha256:" + "1" * 64}
     save_record(tmp_path, record)
     again = load_record(tmp_path, "s", "a" * 64)
     again.attach_image("sha256:old")
@@ -55,3 +57,111 @@ def test_a_second_build_or_render_of_a_stack_waits_its_turn(
         assert "another build or render of vllm-0.22-marlin is running" in result.output
         assert run_cli("render", "vllm-0.22-b12x").exit_code == 0, "other stacks go ahead"
     assert run_cli("render", "vllm-0.22-marlin").exit_code == 0
+
+
+# --- the record file ---------------------------------------------------------------------------
+
+
+def test_a_record_carries_its_schema_version(tmp_path: Path) -> None:
+    import json
+
+    from builder.image.records import RECORD_SCHEMA, record_path
+
+    path = save_record(tmp_path, Record(stack="s", content_hash="a" * 64, tests="passed"))
+    assert path == record_path(tmp_path, "s", "a" * 64)
+    assert json.loads(path.read_text())["schema_version"] == RECORD_SCHEMA == 1
+
+
+def test_a_record_of_the_previous_version_is_read_as_version_1(tmp_path: Path) -> None:
+    """Records written before the schema field have exactly schema 1's fields."""
+    import json
+
+    from builder.image.records import record_path
+
+    path = record_path(tmp_path, "s", "a" * 64)
+    path.parent.mkdir(parents=True)
+    old = {
+        "stack": "s",
+        "content_hash": "a" * 64,
+        "image_id": "sha256:" + "b" * 64,
+        "tests": "passed",
+        "report": "build/s/reports/s-aaaa.json",
+        "smoke": "skipped: no NVIDIA GPU",
+        "pushed": {"r/sm120-stacks": "r/sm120-stacks@sha256:" + "c" * 64},
+    }
+    path.write_text(json.dumps(old))
+    record = load_record(tmp_path, "s", "a" * 64)
+    assert record.tests == "passed" and record.pushed == old["pushed"]
+    assert record.schema_version == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "said"),
+    [
+        ("{not json", None, "not valid JSON"),
+        ("[1, 2]", None, "Input should be"),
+        ('{"stack": "s", "content_hash": "' + "a" * 64 + '", "tests": 1}', "tests", "Input"),
+        (
+            '{"stack": "s", "content_hash": "' + "a" * 64 + '", "tested": "yes"}',
+            "tested",
+            "unknown",
+        ),
+        (
+            '{"schema_version": 2, "stack": "s", "content_hash": "' + "a" * 64 + '"}',
+            "schema_version",
+            "schema_version 2",
+        ),
+        ('{"stack": "other", "content_hash": "' + "a" * 64 + '"}', "stack", "'other'"),
+    ],
+)
+def test_a_malformed_record_is_an_error_naming_the_file(
+    tmp_path: Path, text: str, key: str | None, said: str
+) -> None:
+    from builder.errors import StackError
+    from builder.image.records import record_path
+
+    path = record_path(tmp_path, "s", "a" * 64)
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(StackError) as caught:
+        load_record(tmp_path, "s", "a" * 64)
+    assert caught.value.file == path and caught.value.key == key
+    assert said in caught.value.message
+    assert "delete it and run `sm120-stacks test s`" in str(caught.value.hint)
+
+
+def test_commands_reading_a_malformed_record_exit_2_and_list_still_prints(
+    stacks_dir: Path, tmp_path: Path, run_cli: Callable[..., Result]
+) -> None:
+    from builder.image.records import record_path
+
+    stack = "vllm-0.22-marlin"
+    content_hash = render(resolve(stack, stacks_dir)).content_hash()
+    path = record_path(tmp_path / "build", stack, content_hash)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"stack": "vllm-0.22-marlin", "tests": "passed"')
+    pinned = run_cli("pin", "gpu-node-07", stack, stacks_dir=stacks_dir)
+    assert pinned.exit_code == 2 and "Traceback" not in pinned.output, pinned.output
+    assert path.name in pinned.output
+    listed = run_cli("list", stacks_dir=stacks_dir)
+    assert listed.exit_code == 0, listed.output
+    assert "record unreadable" in listed.output and "vllm-0.22-b12x" in listed.output
+
+
+def test_atomic_writes_give_new_files_the_usual_mode_and_keep_an_existing_one(
+    tmp_path: Path,
+) -> None:
+    from builder.files import write_atomic
+
+    umask = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh.yaml"
+        write_atomic(fresh, "a: 1\n")
+        assert fresh.stat().st_mode & 0o777 == 0o644
+        kept = tmp_path / "kept.yaml"
+        kept.write_text("old\n")
+        kept.chmod(0o640)
+        write_atomic(kept, "new\n")
+        assert (kept.read_text(), kept.stat().st_mode & 0o777) == ("new\n", 0o640)
+    finally:
+        os.umask(umask)

@@ -215,3 +215,49 @@ def test_the_compile_cache_is_shared_only_by_stacks_that_install_the_same(
     assert ids["vllm-0.22-b12x"] == ids["vllm-0.22-marlin"] == ids["port"]
     assert len({ids["vllm-0.22-b12x"], ids["torch"], ids["cuda"]}) == 3
     assert ids["port"].startswith("sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.12-")
+
+
+def _stack_with_template(tmp_path: Path, template: str) -> Path:
+    stacks = tmp_path / "stacks"
+    shutil.copytree(STACKS, stacks)
+    (stacks / "override.yaml").write_text(
+        f"extends: vllm-0.22-marlin\nbuild:\n  template: {template}\n"
+    )
+    return stacks
+
+
+def test_a_stack_can_override_a_block_of_the_dockerfile(tmp_path: Path) -> None:
+    stacks = _stack_with_template(tmp_path, "overrides/runtime-label.j2")
+    (stacks / "plain.yaml").write_text("extends: vllm-0.22-marlin\n")
+    base = render(resolve("plain", stacks)).dockerfile
+    overridden = render(resolve("override", stacks)).dockerfile
+    label = 'LABEL org.sm120-stacks.override="runtime-label"'
+    assert label not in base
+    assert overridden.rstrip().endswith(label)
+    # Everything else is the common template's, byte for byte (the header names the stack).
+    assert overridden.replace(label, "").replace("override.yaml", "plain.yaml").rstrip() == (
+        base.rstrip()
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("overrides/missing.j2", "does not exist under templates/"),
+        ("overrides/README.j2", "does not extend Dockerfile.j2"),
+        ("../Dockerfile.j2", "template"),
+    ],
+)
+def test_a_bad_template_override_is_refused_at_check(
+    tmp_path: Path, template: str, message: str
+) -> None:
+    from builder.errors import StackError
+
+    stacks = _stack_with_template(tmp_path, template)
+    if template == "overrides/README.j2":
+        (REPO_ROOT / "templates" / template).write_text("no extends here\n")
+    try:
+        with pytest.raises(StackError, match=message):
+            resolve("override", stacks)
+    finally:
+        (REPO_ROOT / "templates" / "overrides" / "README.j2").unlink(missing_ok=True)

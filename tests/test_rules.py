@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
+from builder import REPO_ROOT
+from builder.lock.lockfile import lock_path, read_lock
 from builder.spec.archflags import derive
 from builder.spec.check import check_stack
-from builder.spec.resolve import resolve, stack_names
-from builder.spec.rules import load_rules
+from builder.spec.resolve import resolve, rule_facts, stack_names
+from builder.spec.rules import Affects, Rule, affected, evaluate, load_rules, retired_by
 from tests.conftest import STACKS
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -23,8 +25,12 @@ def _fired(stacks_dir: Path, name: str) -> list[str]:
 
 
 def test_shipped_stacks_pass_every_rule() -> None:
+    """With their committed locks' versions too (an unpinned nvvm is what the lock installs)."""
     for name in stack_names(STACKS):
-        assert check_stack(resolve(name, STACKS)).ok, name
+        stack = resolve(name, STACKS)
+        path = lock_path(stack)
+        locked = read_lock(path).python.versions() if path.is_file() else None
+        assert check_stack(stack, locked).ok, name
 
 
 def test_the_seed_mtp_marlin_manifest_is_rejected(
@@ -71,6 +77,77 @@ VARIANTS: dict[str, tuple[str, str]] = {
         "vllm-0.17-flashinfer-cutlass",
         "gpus: [sm120, sm121]",
     ),
+    # An unset VLLM_USE_FLASHINFER_SAMPLER on vLLM >= 0.21 is the sampler.
+    "flashinfer-sampler-freeze-sm12x": (
+        "vllm-0.33-marlin",
+        "python: {packages: {flashinfer-python: 0.6.13}}",
+    ),
+    "flashinfer-sampler-opted-in-freeze-sm12x": (
+        "vllm-0.17-flashinfer-cutlass",
+        "env: {VLLM_USE_FLASHINFER_SAMPLER: '1'}",
+    ),
+    "flashinfer-cubin-version-differs": (
+        "vllm-0.22-marlin",
+        "python: {packages: {flashinfer-python: 0.6.14}}",
+    ),
+    "b12x-moe-illegal-memory-access-sm121": (
+        "vllm-0.33-spark",
+        "serve: {moe_backend: flashinfer_b12x}",
+    ),
+    "cute-dsl-arch-not-sm121a-on-gb10": ("vllm-0.33-spark", "env: {CUTE_DSL_ARCH: sm_120f}"),
+    # 1856 / 8 = 232 columns per GPU: not a multiple of 32.
+    "nvfp4-torch-compile-tp-slice-not-multiple-of-32": (
+        "vllm-0.33-b12x",
+        "serve: {tensor_parallel_size: 8, model: {moe_intermediate_size: 1856}}",
+    ),
+    "toolkit-wheels-past-cuda": (
+        "vllm-0.33-marlin",
+        "python: {packages: {nvidia-nvvm: 13.5.37}}",
+    ),
+    "torch-arch-list-bare-12.1-dropped": (
+        "vllm-0.33-spark",
+        "build: {toolchain_env: {TORCH_CUDA_ARCH_LIST: '12.1'}}",
+    ),
+    "cutlass-dsl-before-4.4.2-moe-sm121": (
+        "vllm-0.33-spark",
+        "python: {packages: {nvidia-cutlass-dsl: {version: 4.4.1, extras: [cu13]}}}",
+    ),
+}
+
+#: The same combinations at or past the fix (or with the working alternative): the rule is quiet.
+PAST_THE_FIX: dict[str, tuple[str, str]] = {
+    "flashinfer-sampler-freeze-sm12x": (
+        "vllm-0.33-marlin",
+        "python: {packages: {flashinfer-python: 0.6.14}}",
+    ),
+    "flashinfer-sampler-opted-in-freeze-sm12x": (
+        "vllm-0.17-flashinfer-cutlass",
+        "env: {VLLM_USE_FLASHINFER_SAMPLER: '1'}\n"
+        "python: {overrides: {flashinfer-python: 0.6.14, flashinfer-cubin: 0.6.14}}",
+    ),
+    "flashinfer-cubin-version-differs": (
+        "vllm-0.22-marlin",
+        "python: {packages: {flashinfer-python: 0.6.14, flashinfer-cubin: 0.6.14}}",
+    ),
+    "b12x-moe-illegal-memory-access-sm121": ("vllm-0.33-b12x", "gpus: [sm120]"),
+    "cute-dsl-arch-not-sm121a-on-gb10": ("vllm-0.33-spark", "env: {CUTE_DSL_ARCH: sm_121a}"),
+    # 1856 / 2 = 928 = 29 * 32.
+    "nvfp4-torch-compile-tp-slice-not-multiple-of-32": (
+        "vllm-0.33-b12x",
+        "serve: {tensor_parallel_size: 2, model: {moe_intermediate_size: 1856}}",
+    ),
+    "toolkit-wheels-past-cuda": (
+        "vllm-0.33-marlin",
+        "python: {packages: {nvidia-nvvm: 13.0.88}}",
+    ),
+    "torch-arch-list-bare-12.1-dropped": (
+        "vllm-0.33-spark",
+        "build: {toolchain_env: {TORCH_CUDA_ARCH_LIST: '12.1a'}}",
+    ),
+    "cutlass-dsl-before-4.4.2-moe-sm121": (
+        "vllm-0.33-spark",
+        "python: {packages: {nvidia-cutlass-dsl: {version: 4.4.2, extras: [cu13]}}}",
+    ),
 }
 
 
@@ -83,6 +160,110 @@ def test_rule_fires_on_its_combination(rule_id: str, stacks_dir: Path) -> None:
     base, extra = VARIANTS[rule_id]
     (stacks_dir / "variant.yaml").write_text(f"extends: {base}\n{extra}\n")
     assert rule_id in _fired(stacks_dir, "variant")
+
+
+@pytest.mark.parametrize("rule_id", sorted(PAST_THE_FIX))
+def test_rule_is_quiet_past_its_fix(rule_id: str, stacks_dir: Path) -> None:
+    base, extra = PAST_THE_FIX[rule_id]
+    (stacks_dir / "variant.yaml").write_text(f"extends: {base}\n{extra}\n")
+    assert rule_id not in _fired(stacks_dir, "variant")
+
+
+def test_every_rule_with_a_fix_is_tested_past_it() -> None:
+    fixed = {r.id for r in load_rules() if r.affects is not None and r.affects.fixed_in}
+    assert fixed <= set(PAST_THE_FIX)
+
+
+def test_the_sampler_mitigation_keeps_the_022_stacks_working(stacks_dir: Path) -> None:
+    """The 0.22 stacks carry VLLM_USE_FLASHINFER_SAMPLER=0; without it, their FlashInfer
+    0.6.11.post2 fires the freeze rule, and the violation names the upgrade that retires it."""
+    text = (stacks_dir / "vllm-0.22-marlin.yaml").read_text()
+    assert 'VLLM_USE_FLASHINFER_SAMPLER: "0"' in text
+    (stacks_dir / "vllm-0.22-marlin.yaml").write_text(
+        text.replace('VLLM_USE_FLASHINFER_SAMPLER: "0"', 'VLLM_USE_FLASHINFER_SAMPLER: "1"')
+    )
+    violations = check_stack(resolve("vllm-0.22-b12x", stacks_dir)).violations
+    freeze = [v for v in violations if v.rule.id == "flashinfer-sampler-freeze-sm12x"]
+    assert freeze and freeze[0].version == "0.6.11.post2"
+    assert "fixed in: flashinfer-python 0.6.14 (this stack: 0.6.11.post2)" in freeze[0].describe()
+
+
+def test_locked_versions_count_for_unpinned_packages() -> None:
+    """The first 0.22 lock floated nvvm and crt to 13.5.37 beside nvcc 13.0.88: a stack that
+    does not pin them is judged by what its lock installs; a pin wins over the lock."""
+    floated = {
+        "nvidia-cuda-nvcc": "13.0.88",
+        "nvidia-nvvm": "13.5.37",
+        "nvidia-cuda-crt": "13.5.37",
+    }
+    mini = resolve("ci-mini", STACKS)
+    assert check_stack(mini).ok
+    fired = check_stack(mini, floated).violations
+    assert [v.rule.id for v in fired] == ["toolkit-wheels-past-cuda"]
+    facts = rule_facts(mini, floated)
+    assert facts["toolkit.past_cuda"] == ["nvidia-cuda-crt 13.5.37", "nvidia-nvvm 13.5.37"]
+    assert check_stack(resolve("vllm-0.22-marlin", STACKS), floated).ok
+
+
+def test_a_stale_cubin_in_the_lock_fires(stacks_dir: Path) -> None:
+    """vLLM <= 0.25 pins flashinfer-cubin itself: overriding only flashinfer-python leaves the
+    lock's cubin behind."""
+    stack = resolve("vllm-0.33-marlin", STACKS)
+    assert check_stack(stack, {"flashinfer-cubin": "0.7.2.post1"}).ok
+    stale = check_stack(stack, {"flashinfer-cubin": "0.6.13"}).violations
+    assert [v.rule.id for v in stale] == ["flashinfer-cubin-version-differs"]
+
+
+def test_affected_and_retired_by() -> None:
+    rule = Rule(
+        id="r",
+        key="k",
+        when={},
+        error="e",
+        evidence=[],
+        alternative="a",
+        affects=Affects(package="flashinfer-python", introduced="0.6.0", fixed_in="0.6.14"),
+    )
+    assert [affected(rule, v) for v in ("0.5.9", "0.6.0", "0.6.13.post1", "0.6.14", "0.7")] == [
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert retired_by(rule, "flashinfer-python", "0.6.14")
+    assert retired_by(rule, "FlashInfer_Python", "0.7.2.post1")  # PEP 503 spellings match
+    assert not retired_by(rule, "flashinfer-python", "0.6.13")
+    assert not retired_by(rule, "flashinfer-cubin", "0.6.14")
+    open_ended = rule.model_copy(update={"affects": Affects(package="x", introduced="1.0")})
+    assert affected(open_ended, "9.9") and not retired_by(open_ended, "x", "9.9")
+    unbounded = rule.model_copy(update={"affects": None})
+    assert affected(unbounded, "1.0") and not retired_by(unbounded, "flashinfer-python", "1.0")
+    with pytest.raises(ValueError, match="not before"):
+        Affects(package="x", introduced="2.0", fixed_in="1.0")
+
+
+def test_a_rule_with_affects_fires_only_in_its_range() -> None:
+    rule = Rule(
+        id="r",
+        key="k",
+        when={"gpus": {"contains": "sm120"}, "image_env.X": {"ne": "0"}},
+        error="e",
+        evidence=[],
+        alternative="a",
+        affects=Affects(package="flashinfer-python", fixed_in="0.6.14"),
+    )
+    facts = {"gpus": ["sm120"], "pins.flashinfer-python": "0.6.11.post2"}
+    assert [v.version for v in evaluate(facts, (rule,))] == ["0.6.11.post2"]  # X unset: not "0"
+    assert evaluate({**facts, "image_env.X": "0"}, (rule,)) == []
+    assert evaluate({**facts, "pins.flashinfer-python": "0.6.14"}, (rule,)) == []
+    assert evaluate({"gpus": ["sm120"]}, (rule,)) == []  # no version of the package: not affected
+
+
+def test_the_readme_lists_every_rule() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    missing = [rule.id for rule in load_rules() if f"`{rule.id}`" not in readme]
+    assert not missing
 
 
 def test_rules_do_not_fire_on_a_driver_that_is_new_enough(stacks_dir: Path) -> None:

@@ -6,6 +6,9 @@ escaping is a bug in this tool and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+import importlib
+import pkgutil
 import signal
 import sys
 from collections.abc import Callable
@@ -16,9 +19,13 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from builder.errors import EXIT_BAD_INPUT, StackError
-from builder.image.build import BuildFailed
-from builder.image.registry import RegistryError
+from builder.errors import EXIT_BAD_INPUT, OperationFailed, StackError
+from builder.image.address import use as use_engine
+from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
+from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
+from builder.lock.lockfile import locked_versions
+from builder.render.context import RenderedContext, render
+from builder.render.digests import DigestCache
 from builder.spec.check import check_stack, violation_error
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.spec.substitute import ENV_VAR as SUBSTITUTE_ENV
@@ -37,7 +44,7 @@ def user_errors(func: F) -> F:
         except StackError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
-        except (BuildFailed, RegistryError) as exc:
+        except OperationFailed as exc:
             click.echo(f"failed: {exc}", err=True)
             sys.exit(1)
         except Terminated:
@@ -46,8 +53,28 @@ def user_errors(func: F) -> F:
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(128 + signal.SIGINT)
+        except OSError as exc:
+            if isinstance(exc, BAD_PATH):  # --build-dir a file, a folder not writable, ...
+                click.echo(f"error: {exc.filename}: {exc.strerror}", err=True)
+                sys.exit(EXIT_BAD_INPUT)
+            if exc.errno not in NO_SPACE:
+                raise
+            where = f" writing {exc.filename}" if exc.filename else ""
+            click.echo(
+                f"failed: no space left on the device{where} ({exc.strerror}); every file this "
+                "tool writes is replaced whole, so none was left half-written: free space and "
+                "run the command again",
+                err=True,
+            )
+            sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
+
+
+#: A full disk (or quota) is the machine's state, not a bug: a message and exit status 1.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: A path the command was given or works under is of the wrong kind or not ours to write.
+BAD_PATH = (NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 class Terminated(KeyboardInterrupt):
@@ -65,14 +92,24 @@ class Settings:
         self.stacks_dir = stacks_dir
         self.build_dir = build_dir
         self.substitutions = substitutions
+        self._digests: DigestCache | None = None
 
     def resolve(self, name: str) -> ResolvedStack:
         return resolve(name, self.stacks_dir, self.substitutions)
 
+    def render(self, stack: ResolvedStack) -> RenderedContext:
+        """The stack's build context, rendered once per command and handed to every step;
+        large files' digests are remembered under the build folder between commands."""
+        if self._digests is None:
+            self._digests = DigestCache(self.build_dir / "cache" / "digests.json")
+        rendered = render(stack, digests=self._digests)
+        self._digests.save()
+        return rendered
+
     def checked(self, name: str) -> ResolvedStack:
         """A resolved stack that passed every compatibility rule."""
         stack = self.resolve(name)
-        result = check_stack(stack)
+        result = check_stack(stack, locked_versions(stack))
         if not result.ok:
             raise violation_error(result)
         return stack
@@ -80,18 +117,99 @@ class Settings:
 
 pass_settings = click.make_pass_decorator(Settings)
 
+#: The proxy CA: given to builds (`build`), looked for in images (`test`), trusted by index
+#: queries. One option for every command that takes it, so they agree; the command resolves it
+#: (resolve_ca_bundle) inside user_errors, so a missing file exits 2 with its message.
+ca_bundle_option = click.option(
+    "--ca-bundle",
+    "ca_bundle",
+    metavar="FILE|none",
+    envvar=CA_BUNDLE_ENV,
+    help="CA bundle of a TLS-intercepting proxy: builds get it as a BuildKit secret (in no "
+    "layer), `test` checks that no image holds it, index queries trust it. Default: this "
+    f"host's system trust store; `{CA_BUNDLE_OPT_OUT}`: no bundle (env {CA_BUNDLE_ENV}).",
+)
 
-@click.group()
+
+def _use_engine(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    try:
+        use_engine(value)
+    except StackError as exc:
+        raise click.BadParameter(f"{exc.message}; {exc.hint}") from None
+
+
+#: The engine a command works on: sets DOCKER_HOST for the command, so the docker SDK and the
+#: build client it starts reach the same engine (builder.image.address).
+engine_option = click.option(
+    "--engine",
+    metavar="ADDRESS",
+    expose_value=False,
+    callback=_use_engine,
+    help="The Docker engine to work on: unix:///PATH, ssh://[USER@]HOST[:PORT] (keys from your "
+    "ssh agent) or tcp://HOST:PORT. Default: DOCKER_HOST, else the local socket.",
+)
+
+#: Which module defines each command: a command imports only its own step's modules, so `show`
+#: never pays for the docker SDK and `build` never for pytest. A command missing here is still
+#: found (every module is imported then); tests/test_cli.py keeps this table complete.
+COMMAND_MODULES = {
+    "list": "builder.cli.stacks",
+    "show": "builder.cli.stacks",
+    "check": "builder.cli.stacks",
+    "render": "builder.cli.stacks",
+    "build": "builder.cli.images",
+    "push": "builder.cli.images",
+    "pull": "builder.cli.images",
+    "schema": "builder.cli.stacks",
+    "test": "builder.cli.verify",
+    "smoke": "builder.cli.verify",
+    "lock": "builder.cli.hosts",
+    "pin": "builder.cli.hosts",
+    "deploy": "builder.cli.hosts",
+    "verify": "builder.cli.hosts",
+    "doctor": "builder.cli.hosts",
+    "outdated": "builder.cli.upstream",
+    "propose": "builder.cli.upstream",
+    "diff": "builder.cli.upstream",
+}
+
+
+class LazyGroup(click.Group):
+    """Imports a command's module when that command is asked for (or all, for --help)."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            module = COMMAND_MODULES.get(cmd_name)
+            if module is not None:
+                importlib.import_module(module)
+            if cmd_name not in self.commands:
+                import_all_commands()
+        return self.commands.get(cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        import_all_commands()
+        return sorted(self.commands)
+
+
+def import_all_commands() -> None:
+    """Every module of this package but the group and the entry point defines commands."""
+    package = Path(__file__).parent
+    for info in pkgutil.iter_modules([str(package)]):
+        if info.name not in {"app", "main"}:
+            importlib.import_module(f"{__package__}.{info.name}")
+
+
+@click.group(cls=LazyGroup)
 @click.option(
     "--stacks-dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, file_okay=False),
     default=Path("stacks"),
     show_default=True,
     help="Folder of stack manifests (NAME.yaml).",
 )
 @click.option(
     "--build-dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, file_okay=False),
     default=Path("build"),
     show_default=True,
     help="Where build contexts, logs and reports go.",

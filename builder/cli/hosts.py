@@ -10,21 +10,22 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
 from builder.cli.app import Settings, cli, pass_settings, user_errors
+from builder.cli.fleet import all_pins, deploy_all, one_report, verify_all
 from builder.errors import StackError, ToolMissing
+from builder.hosts import remote
 from builder.hosts.deploy import apply, write_files
-from builder.hosts.drift import verify as verify_host
 from builder.hosts.hostcheck import Finding, check, gather, requirements_for
 from builder.hosts.pins import PinOptions, load_pin, make_pin, write_pin
-from builder.image.engine import engine_api
+from builder.image.address import check_address
+from builder.image.docker_engine import connect_engine
+from builder.image.engine import Engine
 from builder.image.records import load_record
 from builder.image.registry import Registry
-from builder.lock.lockfile import lock_path, make_lock, read_lock, write_lock
-from builder.render.context import render
+from builder.lock.lockfile import UNPINNED, lock_path, make_lock, read_lock, write_lock
 
 EXIT_DRIFT = 1
 
@@ -40,9 +41,9 @@ def _hosts_dir(settings: Settings, value: Path | None) -> Path:
     return value if value is not None else settings.stacks_dir.parent / "hosts"
 
 
-def _engine() -> tuple[Any | None, str | None]:
+def _engine() -> tuple[Engine | None, str | None]:
     try:
-        return engine_api(), None
+        return connect_engine(), None
     except ToolMissing as exc:
         return None, exc.message
 
@@ -62,8 +63,8 @@ def lock(settings: Settings, stack: str, versions_from: Path | None) -> None:
     """Write stacks/STACK.lock: base digests and every Python package, hash-pinned (uv)."""
     resolved = settings.checked(stack)
     prefer = read_lock(versions_from) if versions_from is not None else None
-    api, why = _engine()
-    made = make_lock(resolved, api, prefer)
+    engine, why = _engine()
+    made = make_lock(resolved, engine, prefer)
     path = lock_path(resolved)
     write_lock(path, made)
     py = made.python
@@ -80,6 +81,15 @@ def lock(settings: Settings, stack: str, versions_from: Path | None) -> None:
             click.echo(f"    {name}: {change}")
     if why:
         click.echo(f"  (no engine: {why})")
+    for role, base in (("build", made.bases.build), ("runtime", made.bases.runtime)):
+        if base.unpinned:
+            why_not = base.note.removeprefix(UNPINNED)
+            click.echo(
+                f"warning: {role} base {base.image} is NOT pinned by digest ({why_not}): "
+                "builds take whatever its tag points to that day; lock again where the "
+                "registry answers",
+                err=True,
+            )
 
 
 @cli.command()
@@ -101,6 +111,14 @@ def lock(settings: Settings, stack: str, versions_from: Path | None) -> None:
     default="unless-stopped",
     show_default=True,
 )
+@click.option(
+    "--engine",
+    "host_engine",
+    metavar="ADDRESS",
+    help="The host's Docker engine, kept in the pin for deploy and verify: "
+    "ssh://[USER@]HOST[:PORT] (keys from your ssh agent), unix:///PATH or tcp://HOST:PORT. "
+    "Default: the engine of the machine that deploys.",
+)
 @hosts_dir_option
 @pass_settings
 @user_errors
@@ -114,14 +132,23 @@ def pin(
     volumes: tuple[str, ...],
     env: tuple[str, ...],
     restart: str,
+    host_engine: str | None,
     hosts_dir: Path | None,
 ) -> None:
-    """Pin HOST to the tested, pushed image of STACK's current content: hosts/HOST.yaml."""
+    """Pin HOST to the tested, pushed image of STACK's current content: hosts/HOST.yaml.
+
+    A pin that replaces a different one keeps it as hosts/previous/HOST.yaml: what
+    `deploy --all --apply` puts the host back on when the new one fails its gate.
+    """
     resolved = settings.checked(stack)
-    content_hash = render(resolved).content_hash()
+    content_hash = settings.render(resolved).content_hash()
     record = load_record(settings.build_dir, stack, content_hash)
     repository = Registry.parse(registry).repository if registry else None
-    options = PinOptions(gpus=gpus, ports=ports, volumes=volumes, env=env, restart=restart)
+    if host_engine is not None:
+        check_address(host_engine, key="--engine")
+    options = PinOptions(
+        gpus=gpus, ports=ports, volumes=volumes, env=env, restart=restart, engine=host_engine
+    )
     made = make_pin(host, resolved, content_hash, record, repository, options)
     path = write_pin(_hosts_dir(settings, hosts_dir), made)
     click.echo(f"pinned {host} to {made.image}\n  {path}")
@@ -135,42 +162,123 @@ def pin(
 
 
 @cli.command()
-@click.argument("host")
+@click.argument("host", required=False)
+@click.option("--all", "every", is_flag=True, help="Every pinned host (hosts/*.yaml).")
 @click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
-    help="Where to write compose.yaml and the systemd unit (default: BUILD_DIR/hosts/HOST).",
+    help="Where to write the files (default: BUILD_DIR/hosts/HOST).",
 )
-@click.option("--apply", "apply_now", is_flag=True, help="Also run the pin on this engine.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["compose", "k8s"]),
+    default="compose",
+    show_default=True,
+    help="compose: compose.yaml and a systemd unit; k8s: a Deployment and a Service "
+    "(k8s.yaml, checked against the Kubernetes schema; then `kubectl apply -f`).",
+)
+@click.option(
+    "--apply",
+    "apply_now",
+    is_flag=True,
+    help="Also run the pin on the host's engine (the pin's `engine`, else this one). With "
+    "--all: one host at a time, each gated by its health path and smoke through its URL; the "
+    "first failure stops the roll and puts that host back on its previous pin.",
+)
+@click.option(
+    "--no-smoke",
+    is_flag=True,
+    help="With --all --apply: gate on the health path alone, not the stack's smoke.",
+)
+@click.option(
+    "--gate-timeout",
+    type=click.FloatRange(1, None),
+    default=None,
+    help="With --all --apply: seconds a host may take to answer its health path "
+    "(default: the pin's health start period).",
+)
+@click.option("--gpu-product", help="k8s: the node label nvidia.com/gpu.product to run on.")
+@click.option("--json", "as_json", is_flag=True, help="With --all --apply: the roll as JSON.")
 @hosts_dir_option
 @pass_settings
 @user_errors
 def deploy(
-    settings: Settings, host: str, out: Path | None, apply_now: bool, hosts_dir: Path | None
+    settings: Settings,
+    host: str | None,
+    every: bool,
+    out: Path | None,
+    fmt: str,
+    apply_now: bool,
+    no_smoke: bool,
+    gate_timeout: float | None,
+    gpu_product: str | None,
+    as_json: bool,
+    hosts_dir: Path | None,
 ) -> None:
-    """Render HOST's compose file and systemd unit from its pin; --apply runs it here."""
-    pinned = load_pin(_hosts_dir(settings, hosts_dir), host)
-    for path in write_files(pinned, out or settings.build_dir / "hosts" / host):
+    """Render HOST's compose file and systemd unit from its pin; --apply runs it there.
+
+    --all deploys every pinned host; with --apply, one at a time (exit status 1 when the roll
+    stopped at a failure).
+    """
+    folder = _hosts_dir(settings, hosts_dir)
+    _one_or_all(host, every)
+    if fmt == "k8s":
+        if apply_now:
+            raise StackError(
+                "--apply runs a pin on a Docker engine, not on Kubernetes",
+                key="--apply",
+                hint="render with --format k8s, then `kubectl apply -f FILE`",
+            )
+        from builder.hosts.k8s import write_k8s
+
+        pins = all_pins(folder) if every else [load_pin(folder, str(host))]
+        for pinned in pins:
+            base = out or settings.build_dir / "hosts"
+            target = base / pinned.host if every or out is None else out
+            click.echo(write_k8s(pinned, target, gpu_product))
+        return
+    if every:
+        deploy_all(
+            settings,
+            folder,
+            out or settings.build_dir / "hosts",
+            apply_now,
+            not no_smoke,
+            gate_timeout,
+            as_json,
+        )
+        return
+    pinned = load_pin(folder, str(host))
+    for path in write_files(pinned, out or settings.build_dir / "hosts" / pinned.host):
         click.echo(path)
     if apply_now:
-        click.echo(apply(pinned, engine_api()))
+        click.echo(apply(pinned, remote.connect(pinned)))
 
 
 @cli.command()
-@click.argument("host")
+@click.argument("host", required=False)
+@click.option("--all", "every", is_flag=True, help="Every pinned host, in one table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @hosts_dir_option
 @pass_settings
 @user_errors
-def verify(settings: Settings, host: str, as_json: bool, hosts_dir: Path | None) -> None:
-    """Compare what runs on this host with HOST's pin; every drift is reported, nothing changed.
+def verify(
+    settings: Settings, host: str | None, every: bool, as_json: bool, hosts_dir: Path | None
+) -> None:
+    """Compare what runs on HOST (on its pin's engine) with its pin; every drift is reported,
+    nothing changed. --all: every pinned host.
 
     Exit status: 0 as pinned, 1 drift, 2 bad input.
     """
-    pinned = load_pin(_hosts_dir(settings, hosts_dir), host)
-    api, why = _engine()
-    report = verify_host(pinned, api, why, gather(api, why))
+    folder = _hosts_dir(settings, hosts_dir)
+    _one_or_all(host, every)
+    if every:
+        verify_all(folder, as_json)
+        return
+    pinned = load_pin(folder, str(host))
+    report = one_report(pinned)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -182,6 +290,13 @@ def verify(settings: Settings, host: str, as_json: bool, hosts_dir: Path | None)
         click.echo(f"{len(report.drifts)} drift(s)" if report.drifts else "no drift")
     if report.drifts:
         sys.exit(EXIT_DRIFT)
+
+
+def _one_or_all(host: str | None, every: bool) -> None:
+    if every and host:
+        raise StackError("give HOST or --all, not both", key="HOST")
+    if not every and not host:
+        raise StackError("name a HOST, or pass --all for every pinned host", key="HOST")
 
 
 @cli.command()
@@ -211,8 +326,8 @@ def doctor(
     elif stack:
         resolved = settings.resolve(stack)
         needs = requirements_for(list(resolved.manifest.gpus), resolved.arch.min_driver)
-    api, why = _engine()
-    findings = check(gather(api, why), needs, selected)
+    engine, why = _engine()
+    findings = check(gather(engine, why), needs, selected)
     _print_findings(findings, as_json)
     if not all(f.ok for f in findings):
         sys.exit(EXIT_DRIFT)

@@ -1,15 +1,12 @@
-"""The `sm120-stacks` entry point: the group and every step's commands, registered by import.
-
-Each command module adds its commands to the group in builder.cli.app; importing them here, and
-nowhere else, keeps the modules free of import cycles.
-"""
+"""The `sm120-stacks` entry point. Commands live beside their step (stacks.py, verify.py,
+hosts.py, ...) and register on the group in app.py when their module is imported; the group
+imports a command's module only when that command runs (app.COMMAND_MODULES)."""
 
 from __future__ import annotations
 
-from builder.cli import hosts, stacks, verify
 from builder.cli.app import cli
 
-__all__ = ["cli", "hosts", "main", "stacks", "verify"]
+__all__ = ["cli", "main"]
 
 
 def main() -> None:

@@ -10,12 +10,14 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from builder.cli.app import Settings, cli, out, pass_settings, user_errors
+from builder.cli.app import Settings, ca_bundle_option, cli, out, pass_settings, user_errors
 from builder.errors import StackError
-from builder.image.engine import engine_api
+from builder.image.cabundle import resolve_ca_bundle
+from builder.image.docker_engine import connect_engine
+from builder.image.engine import Engine
 from builder.spec.resolve import ResolvedStack
 from builder.verify.report import TestReport
-from builder.verify.validate import validate
+from builder.verify.validate import SmokeRunner, validate
 
 
 def print_report(report: TestReport) -> None:
@@ -42,6 +44,19 @@ def print_report(report: TestReport) -> None:
     out.print(f"{'PASSED' if report.passed else 'FAILED'}  report: {report.path}")
 
 
+#: `test --soak` and `smoke --soak`: the manifest's smoke.soak.seconds unless given.
+soak_option = click.option(
+    "--soak",
+    "soak_s",
+    type=click.IntRange(0, 7 * 24 * 3600),
+    default=None,
+    metavar="SECONDS",
+    help="After the smoke, keep the stack's concurrency of streaming chats going this long; "
+    "fail on a stall, errors or memory growth (default: the manifest's smoke.soak.seconds; "
+    "0: no soak). Report, CSV and PNG beside the smoke's.",
+)
+
+
 @cli.command("test")
 @click.argument("stack")
 @click.option("--require-gpu", is_flag=True, help="Fail instead of skipping the GPU smoke.")
@@ -52,12 +67,8 @@ def print_report(report: TestReport) -> None:
     metavar="HOST:CONTAINER",
     help="Bind mount for the smoke server (e.g. a model directory).",
 )
-@click.option(
-    "--ca-bundle",
-    type=click.Path(path_type=Path),
-    envvar="SM120_STACKS_CA_BUNDLE",
-    help="The proxy CA given to builds: the image must hold none of it.",
-)
+@ca_bundle_option
+@soak_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @pass_settings
 @user_errors
@@ -66,14 +77,18 @@ def test_command(
     stack: str,
     require_gpu: bool,
     mounts: tuple[str, ...],
-    ca_bundle: Path | None,
+    ca_bundle: str | None,
+    soak_s: int | None,
     as_json: bool,
 ) -> None:
     """Validate the stack's current image: static checks, JIT cache, smoke prompt."""
+    proxy_ca = resolve_ca_bundle(ca_bundle)  # what builds were given: the image holds none of it
     resolved = settings.checked(stack)
-    api = engine_api()
-    smoke = _smoke_runner(api, resolved, _parse_mounts(mounts), require_gpu, as_json)
-    report = validate(api, resolved, settings.build_dir, ca_bundle, smoke)
+    engine = connect_engine()
+    smoke = _smoke_runner(engine, resolved, _parse_mounts(mounts), require_gpu, as_json, soak_s)
+    report = validate(
+        engine, resolved, settings.render(resolved), settings.build_dir, proxy_ca, smoke
+    )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:
@@ -95,29 +110,40 @@ def _parse_mounts(mounts: tuple[str, ...]) -> dict[str, str]:
 
 
 def _smoke_runner(
-    api: Any, stack: ResolvedStack, mounts: dict[str, str], require_gpu: bool, as_json: bool
-) -> Any:
+    engine: Engine,
+    stack: ResolvedStack,
+    mounts: dict[str, str],
+    require_gpu: bool,
+    as_json: bool,
+    soak_s: int | None = None,
+) -> SmokeRunner:
     """A callable for validate(): runs the smoke prompt, or says why it was skipped. With --json,
     stdout carries the JSON report alone, so the smoke's own table goes to stderr."""
 
     def run(image_ref: str, report_dir: Path) -> dict[str, Any] | str:
-        from builder.verify import smoke  # imports requests: paid only when a smoke runs
+        from builder.verify import smoke, soak  # imports requests: paid only when a smoke runs
 
         needs_gpu = stack.manifest.smoke.needs_gpu
         if needs_gpu:
-            skip = smoke.gpu_gate(api, require_gpu=require_gpu)
+            skip = smoke.gpu_gate(engine, require_gpu=require_gpu)
             if skip is not None:
                 return skip
         if not stack.manifest.smoke.prompts:
             return "the manifest lists no smoke prompts"
         result = smoke.run_smoke(
-            api,
+            engine,
             image_ref,
             stack,
             mounts=mounts,
             gpu=needs_gpu,
             report_path=report_dir / f"{stack.name}-smoke.json",
             log=lambda line: click.echo(line, err=True),
+            after=soak.after_smoke(
+                stack,
+                soak_s,
+                report_dir / f"{stack.name}-soak",
+                log=lambda x: click.echo(x, err=True),
+            ),
         )
         table = smoke.format_table(result)
         if as_json:
@@ -127,3 +153,81 @@ def _smoke_runner(
         return dict(result.to_json())
 
     return run
+
+
+@cli.command("smoke")
+@click.argument("stack")
+@click.option(
+    "--url",
+    required=True,
+    metavar="URL",
+    help="Base URL of a server the tool did not start (e.g. http://127.0.0.1:8000).",
+)
+@click.option(
+    "--server-log",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The server's log file, read after the requests for runtime compiles of every kind.",
+)
+@click.option(
+    "--model",
+    help="The model name the server serves, where it is not the manifest's.",
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Where the JSON report goes (default build/STACK/reports/STACK-url-smoke.json).",
+)
+@soak_option
+@click.option(
+    "--server-pid",
+    type=click.IntRange(1),
+    metavar="PID",
+    help="The server's process on this machine: the soak judges the memory of it and its "
+    "children (without it, memory is not judged).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@pass_settings
+@user_errors
+def smoke_command(
+    settings: Settings,
+    stack: str,
+    url: str,
+    server_log: Path | None,
+    model: str | None,
+    report_path: Path | None,
+    soak_s: int | None,
+    server_pid: int | None,
+    as_json: bool,
+) -> None:
+    """Judge a running server with the stack's smoke: answers, garbage, runtime compiles, TTFT,
+    floors. The server runs elsewhere (started by hand, by `deploy`, on another host); its
+    verdict is not recorded against an image. Start it with FLASHINFER_JIT_VERBOSE=1, or
+    FlashInfer's compiles leave no line in its log."""
+    from builder.verify import smoke, soak  # imports requests: paid only when a smoke runs
+
+    resolved = settings.checked(stack)
+    if not url.startswith(("http://", "https://")):
+        raise StackError(f"--url {url!r} is not an http(s) URL", key="--url")
+    if not resolved.manifest.smoke.prompts:
+        raise StackError(f"{stack} lists no smoke prompts", key="smoke.prompts")
+    path = report_path or settings.build_dir / resolved.name / "reports" / f"{stack}-url-smoke.json"
+    result = smoke.run_smoke_url(
+        url,
+        resolved,
+        report_path=path,
+        server_log=server_log,
+        model=model,
+        log=lambda line: click.echo(line, err=True),
+        after=soak.after_smoke(
+            resolved,
+            soak_s,
+            path.with_name(path.stem.removesuffix("-smoke") + "-soak"),
+            server_pid=server_pid,
+            log=lambda line: click.echo(line, err=True),
+        ),
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    if not result.passed:
+        raise SystemExit(1)

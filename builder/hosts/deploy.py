@@ -2,8 +2,8 @@
 
 All three run exactly the pinned repo@sha256 with the manifest's serve command, the pin's GPUs,
 shared memory, health check and restart policy. They are rendered from one pin so they cannot
-disagree; `--apply` uses the docker SDK (always installed; `docker compose` often is not) and
-gives the container the same settings the compose file does.
+disagree; `--apply` runs it through the engine's API (the docker SDK is always installed;
+`docker compose` often is not) with the same settings the compose file gives it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
 
@@ -20,12 +20,19 @@ from builder.files import write_atomic
 from builder.hosts.drift import config_drifts, state_drifts
 from builder.hosts.hostcheck import RUNTIME_FIX
 from builder.hosts.pins import Pin, labels, port_parts
+from builder.image.engine import (
+    ContainerSpec,
+    Engine,
+    EngineError,
+    HealthCheck,
+    Mount,
+    PortBinding,
+)
 from builder.render.context import TEMPLATES_DIR
 
 SERVICE = "llm"
 DOCKER = "/usr/bin/docker"
 SYSTEMD_RESTART = {"always": "always", "unless-stopped": "always", "on-failure": "on-failure"}
-NANOSECONDS = 1_000_000_000
 
 
 def health_test(pin: Pin) -> list[str]:
@@ -37,6 +44,45 @@ def health_test(pin: Pin) -> list[str]:
 
 def unit_name(pin: Pin) -> str:
     return f"{pin.container}.service"
+
+
+def host_folders(pin: Pin) -> list[Path]:
+    """The host folders the container writes to, its read-write bind mounts (the models folder,
+    caches): the pin's own, so deploying makes them. A read-only bind is what the host provides
+    (a model put there by hand); an empty folder made for it would only hide that it is missing.
+    """
+    return [Path(v.source) for v in pin.volumes if v.source.startswith("/") and not v.read_only]
+
+
+def make_host_folders(pin: Pin) -> list[Path]:
+    """Make the pin's missing host folders before its container starts (the engine refuses a
+    bind mount of a path that does not exist); returns those made. A missing read-only source,
+    or a folder this user may not make, is a StackError saying what to do."""
+    for v in pin.volumes:
+        if v.read_only and v.source.startswith("/") and not Path(v.source).exists():
+            raise StackError(
+                f"{v.source} does not exist on this host; the pin mounts it read-only at "
+                f"{v.target}",
+                key="volumes",
+                hint=f"put what the server reads from {v.target} there (the model), or pin "
+                "again with another --volume",
+            )
+    made = []
+    for folder in host_folders(pin):
+        if folder.exists():
+            continue
+        try:
+            folder.mkdir(parents=True)
+        except OSError as exc:
+            raise StackError(
+                f"cannot create {folder}, the host folder of the pin's bind mount: "
+                f"{exc.strerror or exc}",
+                key="volumes",
+                hint=f"create it as root (`sudo mkdir -p {shlex.quote(str(folder))}`), then "
+                "deploy again",
+            ) from None
+        made.append(folder)
+    return made
 
 
 def render_files(pin: Pin) -> dict[str, str]:
@@ -69,6 +115,7 @@ def render_files(pin: Pin) -> dict[str, str]:
         docker=DOCKER,
         run_args=docker_run_args(pin),
         systemd_restart=SYSTEMD_RESTART[pin.restart],
+        folders=[str(folder) for folder in host_folders(pin)],
     )
     return {"compose.yaml": compose, unit_name(pin): unit}
 
@@ -112,94 +159,70 @@ def write_files(pin: Pin, out_dir: Path) -> list[Path]:
     return written
 
 
-def sdk_run_kwargs(pin: Pin) -> dict[str, Any]:
-    """docker SDK `containers.run` arguments equivalent to the compose service."""
-    from docker.types import DeviceRequest, Mount
-
-    kwargs: dict[str, Any] = {
-        "image": pin.image,
-        "command": list(pin.command),
-        "name": pin.container,
-        "detach": True,
-        "environment": dict(pin.env),
-        "labels": labels(pin),
-        "shm_size": pin.shm_size,
-        "restart_policy": {"Name": pin.restart},
-        "ports": {f"{c}/tcp": (ip, h) if ip else h for ip, h, c in map(port_parts, pin.ports)},
-        "mounts": [
-            Mount(
-                target=v.target,
-                source=v.source,
-                type="bind" if v.source.startswith("/") else "volume",
-                read_only=v.read_only,
-            )
-            for v in pin.volumes
-        ],
-        "healthcheck": {
-            "test": health_test(pin),
-            "interval": pin.health.interval_s * NANOSECONDS,
-            "timeout": pin.health.timeout_s * NANOSECONDS,
-            "retries": pin.health.retries,
-            "start_period": pin.health.start_period_s * NANOSECONDS,
-        },
-    }
+def container_spec(pin: Pin) -> ContainerSpec:
+    """The container `--apply` starts: the compose service's settings."""
+    gpus: Literal["all"] | tuple[int, ...] | None = None
     if pin.gpus != "none":
-        ids = pin.gpu_indices
-        kwargs["device_requests"] = [
-            DeviceRequest(
-                count=-1 if ids is None else 0,
-                device_ids=None if ids is None else [str(i) for i in ids],
-                capabilities=[["gpu"]],
-            )
-        ]
-    return kwargs
+        gpus = "all" if pin.gpu_indices is None else tuple(pin.gpu_indices)
+    return ContainerSpec(
+        image=pin.image,
+        command=tuple(pin.command),
+        name=pin.container,
+        environment=dict(pin.env),
+        labels=labels(pin),
+        shm_size=pin.shm_size,
+        ports=tuple(
+            PortBinding(container, ip or None, host)
+            for ip, host, container in map(port_parts, pin.ports)
+        ),
+        mounts=tuple(Mount(v.source, v.target, v.read_only) for v in pin.volumes),
+        gpus=gpus,
+        restart=pin.restart,
+        healthcheck=HealthCheck(
+            test=tuple(health_test(pin)),
+            interval_s=pin.health.interval_s,
+            timeout_s=pin.health.timeout_s,
+            retries=pin.health.retries,
+            start_period_s=pin.health.start_period_s,
+        ),
+    )
 
 
-def apply(pin: Pin, api: Any) -> str:
+def apply(pin: Pin, engine: Engine) -> str:
     """Run the pin on this engine. A container that verify would find clean is left alone; any
     other (drifted, stopped, crash-looping, unhealthy) is replaced, so a fresh one starts with a
     zero restart count. Returns what was done, in words."""
-    from docker.errors import APIError, NotFound
-
-    ensure_image(pin, api)
-    try:
-        existing = api.containers.get(pin.container)
-    except NotFound:
-        existing = None
+    made = make_host_folders(pin)
+    ensure_image(pin, engine)
+    existing = engine.container(pin.container)
     if existing is not None:
-        if not state_drifts(existing.attrs) and not config_drifts(pin, api, existing.attrs):
+        attrs = existing.attrs
+        if not state_drifts(attrs) and not config_drifts(pin, engine, attrs):
             return f"{pin.container} already runs {pin.image} as pinned; nothing to do"
         existing.remove(force=True)
     try:
-        container = api.containers.run(**sdk_run_kwargs(pin))
-    except APIError as exc:
-        if "device driver" in str(exc) and "gpu" in str(exc):
+        container = engine.run(container_spec(pin))
+    except EngineError as exc:
+        if "device driver" in exc.explanation and "gpu" in exc.explanation:
             raise ToolMissing(
-                f"this engine cannot give containers GPUs: {exc.explanation or exc}",
+                f"this engine cannot give containers GPUs: {exc.explanation}",
                 hint=RUNTIME_FIX + "; or pin with --gpus none for a CPU-only stack",
             ) from None
         raise StackError(f"the engine refused to start {pin.container}: {exc}") from None
     verb = "replaced" if existing is not None else "started"
-    return f"{verb} {pin.container} ({container.short_id}) running {pin.image}"
+    done = "".join(f"created {folder}\n" for folder in made)
+    return f"{done}{verb} {pin.container} ({container.short_id}) running {pin.image}"
 
 
-def ensure_image(pin: Pin, api: Any) -> None:
+def ensure_image(pin: Pin, engine: Engine) -> None:
     """Pull the pinned digest unless the engine already has it."""
-    from docker.errors import APIError, ImageNotFound
-
-    try:
-        api.images.get(pin.image)
+    if engine.image(pin.image) is not None:
         return
-    except ImageNotFound:
-        pass
     repository, digest = pin.image.split("@", 1)
     try:
-        for line in api.api.pull(repository, tag=digest, stream=True, decode=True):
-            if "error" in line or "errorDetail" in line:
-                detail = line.get("errorDetail", {}).get("message") or line.get("error")
-                raise StackError(f"pulling {pin.image} failed: {detail}")
-    except APIError as exc:
-        raise StackError(f"pulling {pin.image} failed: {exc}") from None
+        engine.pull(repository, digest)
+    except EngineError as exc:
+        raise StackError(f"pulling {pin.image} failed: {exc.explanation}") from None
 
 
 def _jinja_env() -> jinja2.Environment:

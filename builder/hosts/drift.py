@@ -15,6 +15,7 @@ from typing import Any
 
 from builder.hosts.hostcheck import Finding, HostFacts, check
 from builder.hosts.pins import LABEL_HOST, Pin, port_parts
+from builder.image.engine import Engine
 
 UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 ANONYMOUS_VOLUME = re.compile(r"^[0-9a-f]{64}$")
@@ -160,16 +161,16 @@ def state_drifts(attrs: dict[str, Any]) -> list[Drift]:
     return drifts
 
 
-def config_drifts(pin: Pin, api: Any, attrs: dict[str, Any]) -> list[Drift]:
+def config_drifts(pin: Pin, engine: Engine, attrs: dict[str, Any]) -> list[Drift]:
     """Image and run-configuration drift of a container (not its state): what deploy compares."""
-    image_attrs = _image_attrs(api, attrs.get("Image"))
-    pinned_attrs = _image_attrs(api, pin.image) or image_attrs or {}
+    image_attrs = _image_attrs(engine, attrs.get("Image"))
+    pinned_attrs = _image_attrs(engine, pin.image) or image_attrs or {}
     drifts = image_drift(pin, image_attrs)
     expected = expected_config(pin, pinned_attrs.get("Config") or {})
     return drifts + compare_config(expected, actual_config(attrs))
 
 
-def verify(pin: Pin, api: Any | None, engine_error: str | None, facts: HostFacts) -> Report:
+def verify(pin: Pin, engine: Engine | None, engine_error: str | None, facts: HostFacts) -> Report:
     """Every drift between the host and its pin; prerequisites only when the pin uses GPUs."""
     report = Report(pin.host, pin.image)
     if pin.gpus == "none":
@@ -179,20 +180,18 @@ def verify(pin: Pin, api: Any | None, engine_error: str | None, facts: HostFacts
     else:
         report.prerequisites = check(facts, pin.needs.requirements(), pin.gpu_indices)
         report.drifts += [Drift(f.name, f.detail) for f in report.prerequisites if not f.ok]
-    if api is None:
+    if engine is None:
         if not any(d.name == "engine" for d in report.drifts):
             report.drifts.append(Drift("engine", f"cannot reach the Docker engine: {engine_error}"))
         return report
-    from docker.errors import NotFound
-
-    try:
-        container = api.containers.get(pin.container)
-    except NotFound:
+    container = engine.container(pin.container)
+    if container is None:
         report.drifts.append(Drift("container", f"no container named {pin.container} on this host"))
-        report.drifts += _strays(pin, api)
+        report.drifts += _strays(pin, engine)
         return report
-    found = config_drifts(pin, api, container.attrs) + state_drifts(container.attrs)
-    found += _strays(pin, api)
+    attrs = container.attrs
+    found = config_drifts(pin, engine, attrs) + state_drifts(attrs)
+    found += _strays(pin, engine)
     report.drifts += found
     compared = ["image", *expected_config(pin, {}).keys(), "state", "restarts", "health", "stray"]
     names = {d.name for d in found}
@@ -200,23 +199,17 @@ def verify(pin: Pin, api: Any | None, engine_error: str | None, facts: HostFacts
     return report
 
 
-def _strays(pin: Pin, api: Any) -> list[Drift]:
-    others = api.containers.list(all=True, filters={"label": f"{LABEL_HOST}={pin.host}"})
+def _strays(pin: Pin, engine: Engine) -> list[Drift]:
+    others = engine.containers(label=f"{LABEL_HOST}={pin.host}")
     names = sorted(c.name for c in others if c.name != pin.container)
     if not names:
         return []
     return [Drift("stray", f"other containers deployed for {pin.host}: {', '.join(names)}")]
 
 
-def _image_attrs(api: Any, ref: str | None) -> dict[str, Any] | None:
-    from docker.errors import ImageNotFound
-
-    if not ref:
-        return None
-    try:
-        return dict(api.images.get(ref).attrs)
-    except ImageNotFound:
-        return None
+def _image_attrs(engine: Engine, ref: str | None) -> dict[str, Any] | None:
+    image = engine.image(ref) if ref else None
+    return None if image is None else image.attrs
 
 
 def _env_dict(items: list[str] | None) -> dict[str, str]:

@@ -12,11 +12,11 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from builder.spec.archflags import arch_table
+from builder.image.engine import Engine, EngineError, nvidia_runtimes
+from builder.spec.archflags import capabilities
 
 #: Runs argv, returns (exit status, stdout); raises OSError when the program is missing.
 Runner = Callable[[Sequence[str]], tuple[int, str]]
@@ -47,6 +47,9 @@ class HostFacts:
     runtime: tuple[str, ...]
     #: Why the engine could not be asked (None when it answered).
     engine_error: str | None
+    #: Why the engine did not say which runtimes it has (None when it answered or was not
+    #: reachable at all): with no other NVIDIA runtime found, the runtime is unknown, not absent.
+    runtime_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,9 @@ class Requirements:
     """What a stack needs from its host: derived from the manifest, recorded in each pin."""
 
     min_driver: str | None
-    capabilities: tuple[str, ...]
-    targets: tuple[str, ...]
+    #: Each GPU target of the stack (sm120, ...) with its compute capability (12.0, ...), paired
+    #: by name: a sorted list of capabilities beside the manifest's list of targets mismatched.
+    targets: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -76,21 +80,21 @@ class Probe:
 
 
 def requirements_for(targets: Sequence[str], min_driver: str | None) -> Requirements:
-    table = arch_table().gpus
-    caps = tuple(sorted({table[t].capability for t in targets if t in table}))
-    return Requirements(min_driver=min_driver, capabilities=caps, targets=tuple(targets))
+    return Requirements(min_driver=min_driver, targets=capabilities(targets))
 
 
-def gather(api: Any | None, engine_error: str | None, probe: Probe | None = None) -> HostFacts:
+def gather(
+    engine: Engine | None, engine_error: str | None, probe: Probe | None = None
+) -> HostFacts:
     """Ask nvidia-smi, the engine and the file system what this host has."""
     probe = probe or Probe()
     driver, gpus, gpu_error = _nvidia_smi(probe)
-    runtime = list(_engine_runtimes(api))
+    runtime, runtime_error = _engine_runtimes(engine)
     runtime += [f"hook {h}" for h in RUNTIME_HOOKS if probe.which(h)]
     for folder in probe.cdi_dirs:
         if folder.is_dir() and any("nvidia" in p.name for p in folder.iterdir()):
             runtime.append(f"CDI specs in {folder}")
-    return HostFacts(driver, tuple(gpus), gpu_error, tuple(runtime), engine_error)
+    return HostFacts(driver, tuple(gpus), gpu_error, tuple(runtime), engine_error, runtime_error)
 
 
 def check(
@@ -105,6 +109,15 @@ def check(
     findings.append(_gpus(facts, needs, selected))
     if facts.runtime:
         findings.append(Finding("runtime", True, "NVIDIA container runtime: " + _join(facts)))
+    elif facts.runtime_error is not None:
+        findings.append(
+            Finding(
+                "runtime",
+                False,
+                f"the Docker engine did not say which runtimes it has: {facts.runtime_error}",
+                "make `docker info` answer (dockerd running and reachable), then check again",
+            )
+        )
     else:
         findings.append(
             Finding("runtime", False, "no NVIDIA container runtime for Docker", RUNTIME_FIX)
@@ -165,12 +178,10 @@ def _gpus(facts: HostFacts, needs: Requirements | None, selected: Sequence[int] 
             "pin the GPUs this host has (`sm120-stacks pin HOST STACK --gpus ...`)",
         )
     described = "; ".join(f"{g.index}: {g.name} (compute {g.capability})" for g in chosen)
-    if needs and needs.capabilities:
-        wrong = [g for g in chosen if g.capability not in needs.capabilities]
+    if needs and needs.targets:
+        wrong = [g for g in chosen if g.capability not in needs.targets.values()]
         if wrong:
-            targets = ", ".join(
-                f"{c} ({t})" for c, t in zip(needs.capabilities, needs.targets, strict=False)
-            )
+            targets = ", ".join(f"{cap} ({target})" for target, cap in needs.targets.items())
             return Finding(
                 "gpu",
                 False,
@@ -206,14 +217,14 @@ def _nvidia_smi(probe: Probe) -> tuple[str | None, list[Gpu], str | None]:
     return driver, gpus, None if gpus else "nvidia-smi lists no GPU"
 
 
-def _engine_runtimes(api: Any | None) -> list[str]:
-    if api is None:
-        return []
+def _engine_runtimes(engine: Engine | None) -> tuple[list[str], str | None]:
+    """The engine's NVIDIA runtimes, or why it could not say (not the same as none)."""
+    if engine is None:
+        return [], None
     try:
-        runtimes = api.info().get("Runtimes") or {}
-    except Exception:
-        return []
-    return [f"runtime {name}" for name in sorted(runtimes) if "nvidia" in name]
+        return [f"runtime {name}" for name in nvidia_runtimes(engine)], None
+    except EngineError as exc:
+        return [], exc.explanation
 
 
 def _at_least(version: str, minimum: str) -> bool:

@@ -13,12 +13,10 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
@@ -28,28 +26,46 @@ from pydantic import (
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.hosts.hostcheck import Requirements, requirements_for
+from builder.image.address import ADDRESS_PATTERN
 from builder.image.names import local_ref
-from builder.image.records import Record
+from builder.image.records import Record, require_tested
+from builder.spec import imageref
+from builder.spec.archflags import capabilities
 from builder.spec.knowledge import parse_document
 from builder.spec.manifest import ExactVersion, Identifier, SafeText, ServeArg, Sha256, Slug
 from builder.spec.resolve import ResolvedStack
 from builder.spec.serve import serve_argv
-from builder.spec.yamlsafe import load_yaml
+from builder.spec.strict import Strict
+from builder.spec.yamlsafe import YamlDocument, load_yaml
 
-PIN_SCHEMA = 1
+#: 2: serve_port recorded, needs.targets maps each GPU target to its capability. Pins of schema 1
+#: (earlier versions of this tool) are still read: see _from_schema_1.
+PIN_SCHEMA = 2
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 HOST_NAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 DEFAULT_MODELS = "/var/lib/sm120-stacks/models"
 MODELS_TARGET = "/models"
+#: Runtime compile caches on a volume of the host, so a restart or a new container of the same
+#: stack loads what the last one compiled instead of compiling again: vLLM's torch.compile
+#: graphs, Inductor's and Triton's kernels, CuTe-DSL modules, and FlashInfer's JIT workspace
+#: (modules the image did not precompile; the precompiled ones load from FlashInfer's AOT copy
+#: in the image, which this mount does not hide). Triton kernels cannot be compiled into the
+#: image: they are specialised on the GPU at first use (bench/RESULTS.md §5).
+CACHE_TARGET = "/var/cache/sm120-stacks"
+CACHE_ENV = {
+    "VLLM_CACHE_ROOT": f"{CACHE_TARGET}/vllm",
+    "TRITON_CACHE_DIR": f"{CACHE_TARGET}/triton",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_TARGET}/inductor",
+    "CUTE_DSL_CACHE_DIR": f"{CACHE_TARGET}/cute-dsl",
+    "FLASHINFER_WORKSPACE_BASE": f"{CACHE_TARGET}/flashinfer",
+}
 HEADER = (
     "# Pinned by `sm120-stacks pin {host} {stack}`. Deploy with `sm120-stacks deploy {host}`,\n"
     "# check the host with `sm120-stacks verify {host}`. Commit this file.\n"
 )
 
 HostName = Annotated[str, StringConstraints(pattern=HOST_NAME.pattern, max_length=253)]
-DigestRef = Annotated[
-    str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
-]
+DigestRef = Annotated[str, StringConstraints(pattern=imageref.PINNED)]
 AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./+-]*$", max_length=1000)]
 VolumeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 #: [IP:]HOST_PORT:CONTAINER_PORT
@@ -58,20 +74,20 @@ PortMap = Annotated[
     StringConstraints(pattern=r"^((\d{1,3}\.){3}\d{1,3}:)?\d{1,5}:\d{1,5}$"),
 ]
 ShmSize = Annotated[str, StringConstraints(pattern=r"^[0-9]+[kmg]?$")]
+Capability = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]
+EngineAddress = Annotated[str, StringConstraints(pattern=ADDRESS_PATTERN, max_length=300)]
+#: Where the pin a host had before its current one is kept (what a failed roll goes back to).
+PREVIOUS_DIR = "previous"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Volume(_Strict):
+class Volume(Strict):
     #: An absolute host path (bind mount) or a named volume.
     source: AbsPath | VolumeName
     target: AbsPath
     read_only: bool = False
 
 
-class Health(_Strict):
+class Health(Strict):
     #: GET this path on the serve port; any 2xx is healthy.
     path: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]*$")] = "/health"
     interval_s: int = Field(default=30, ge=1)
@@ -81,21 +97,18 @@ class Health(_Strict):
     start_period_s: int = Field(default=900, ge=0)
 
 
-class HostNeeds(_Strict):
+class HostNeeds(Strict):
     cuda: ExactVersion
     min_driver: ExactVersion | None
-    #: GPU targets of the stack (sm120, ...) and their compute capabilities (12.0, ...).
-    gpu_targets: list[str]
-    compute_capabilities: list[str]
+    #: Each GPU target of the stack (sm120, ...) with its compute capability (12.0, ...).
+    targets: dict[Slug, Capability]
 
     def requirements(self) -> Requirements:
-        return Requirements(
-            self.min_driver, tuple(self.compute_capabilities), tuple(self.gpu_targets)
-        )
+        return Requirements(self.min_driver, dict(self.targets))
 
 
-class Pin(_Strict):
-    schema_version: Literal[1]
+class Pin(Strict):
+    schema_version: Literal[2]
     host: HostName
     stack: Slug
     content_hash: Sha256
@@ -104,6 +117,9 @@ class Pin(_Strict):
     pinned_at: str
     container: Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")]
     command: list[ServeArg] = Field(min_length=1)
+    #: The port the server listens on in the container (the manifest's serve.port): what the
+    #: health check asks.
+    serve_port: int = Field(ge=1, le=65535)
     env: dict[Identifier, SafeText] = Field(default_factory=dict)
     #: "all", "none", or GPU indices.
     gpus: Literal["all", "none"] | list[Annotated[int, Field(ge=0, le=255)]]
@@ -113,6 +129,9 @@ class Pin(_Strict):
     restart: Literal["always", "unless-stopped", "on-failure"] = "unless-stopped"
     health: Health
     needs: HostNeeds
+    #: The host's Docker engine (builder.image.address): ssh://USER@HOST for a remote host,
+    #: reached with the user's ssh agent; absent: the engine of the machine deploy runs on.
+    engine: EngineAddress | None = None
 
     @field_validator("gpus")
     @classmethod
@@ -128,15 +147,6 @@ class Pin(_Strict):
             return None
         return [] if self.gpus == "none" else list(self.gpus)
 
-    @property
-    def serve_port(self) -> int:
-        """The container port the server listens on (the last number of the serve command)."""
-        args = self.command
-        for flag, value in itertools.pairwise(args):
-            if flag == "--port" and value.isdigit():
-                return int(value)
-        return 8000
-
 
 @dataclass(frozen=True)
 class PinOptions:
@@ -145,6 +155,8 @@ class PinOptions:
     volumes: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     restart: str = "unless-stopped"
+    #: The host's engine address, stored in the pin (None: the local engine).
+    engine: str | None = None
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -177,7 +189,7 @@ def load_pin(hosts_dir: Path, host: str) -> Pin:
             else f"pin it first: sm120-stacks pin {host} STACK",
         )
     doc = load_yaml(path)
-    pin = parse_document(doc, Pin)
+    pin = parse_document(doc, Pin, _current_schema(doc, host))
     if pin.host != host:
         raise StackError(
             f"the file pins host {pin.host!r}, not {host!r}",
@@ -189,11 +201,102 @@ def load_pin(hosts_dir: Path, host: str) -> Pin:
     return pin
 
 
+def _current_schema(doc: YamlDocument, host: str) -> Any:
+    """The document's data as schema PIN_SCHEMA: a schema 1 pin upgraded; no or another
+    schema version is an error saying to pin the host again."""
+    data: Any = doc.data
+    if not isinstance(data, dict):
+        return data  # validation says what it should be
+    version = data.get("schema_version")
+    if type(version) is int and version == PIN_SCHEMA:
+        return data
+    again = f"pin the host again: sm120-stacks pin {host} {data.get('stack') or 'STACK'}"
+    if type(version) is int and version == 1:
+        return _from_schema_1(doc, data, again)
+    found = "no schema_version" if version is None else f"schema_version {version!r}"
+    raise StackError(
+        f"{found}: this sm120-stacks reads pins of schema {PIN_SCHEMA} (and 1)",
+        file=doc.path,
+        key="schema_version",
+        line=doc.lines.get(("schema_version",)),
+        hint=again,
+    )
+
+
+def _from_schema_1(doc: YamlDocument, data: dict[str, Any], again: str) -> dict[str, Any]:
+    """Schema 1 had no serve_port: the server listened on the serve command's last --port,
+    which `pin` always wrote. Its GPU targets and their capabilities were two lists, the
+    capabilities sorted (so not in the targets' order): each target's capability is taken by
+    its name from the arch table instead."""
+    command, needs = data.get("command"), data.get("needs")
+    ports = [
+        value
+        for flag, value in itertools.pairwise(command if isinstance(command, list) else [])
+        if flag == "--port" and isinstance(value, str) and value.isdigit()
+    ]
+    targets = needs.get("gpu_targets") if isinstance(needs, dict) else None
+    if (
+        not ports
+        or not isinstance(needs, dict)
+        or not isinstance(targets, list)
+        or not all(isinstance(t, str) for t in targets)
+    ):
+        raise StackError(
+            "a pin of schema 1 (an earlier sm120-stacks) without a serve command --port or a "
+            "list of needs.gpu_targets: its serve port or GPU targets are unknown",
+            file=doc.path,
+            key="schema_version",
+            line=doc.lines.get(("schema_version",)),
+            hint=again,
+        )
+    kept = {k: v for k, v in needs.items() if k not in ("gpu_targets", "compute_capabilities")}
+    return {
+        **data,
+        "schema_version": PIN_SCHEMA,
+        "serve_port": int(ports[-1]),
+        "needs": {**kept, "targets": capabilities(targets)},
+    }
+
+
 def write_pin(hosts_dir: Path, pin: Pin) -> Path:
+    """Write hosts/HOST.yaml. A pin that replaces a different one keeps that one as
+    hosts/previous/HOST.yaml first (what `deploy --all` puts the host back on when the new
+    one fails); pinning the same thing again keeps the previous pin as it was."""
     path = pin_path(hosts_dir, pin.host)
-    body = yaml.safe_dump(pin.model_dump(mode="json"), sort_keys=False, width=200)
-    write_atomic(path, HEADER.format(host=pin.host, stack=pin.stack) + body)
+    data = pin.model_dump(mode="json")
+    if data.get("engine") is None:
+        data.pop("engine", None)
+    text = HEADER.format(host=pin.host, stack=pin.stack) + yaml.safe_dump(
+        data, sort_keys=False, width=200
+    )
+    if path.is_file():
+        old = path.read_text()
+        if _without_time(old) != _without_time(text):
+            write_atomic(previous_pin_path(hosts_dir, pin.host), old)
+    write_atomic(path, text)
     return path
+
+
+def previous_pin_path(hosts_dir: Path, host: str) -> Path:
+    return hosts_dir / PREVIOUS_DIR / f"{check_host_name(host)}.yaml"
+
+
+def load_previous_pin(hosts_dir: Path, host: str) -> Pin | None:
+    """The pin the host had before its current one; None when it never had another."""
+    if not previous_pin_path(hosts_dir, host).is_file():
+        return None
+    return load_pin(hosts_dir / PREVIOUS_DIR, host)
+
+
+def pinned_hosts(hosts_dir: Path) -> list[str]:
+    """Every host with a pin in hosts_dir, sorted."""
+    if not hosts_dir.is_dir():
+        return []
+    return sorted(p.stem for p in hosts_dir.glob("*.yaml") if HOST_NAME.match(p.stem))
+
+
+def _without_time(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.startswith("pinned_at:"))
 
 
 # --- making a pin ------------------------------------------------------------------------------
@@ -211,12 +314,12 @@ def make_pin(
     """A pin of the stack's current image; refused unless it was tested and pushed."""
     check_host_name(host)
     ref = local_ref(stack.name, content_hash)
-    if record.tests != "passed":
-        state = "failed" if record.tests == "failed" else "not been run"
-        raise StackError(
-            f"the tests of {ref} have {state}; only a tested image can be pinned",
-            hint=f"run `sm120-stacks test {stack.name}` then push it",
-        )
+    require_tested(
+        record,
+        ref,
+        "only a tested image can be pinned",
+        hint=f"run `sm120-stacks test {stack.name}` then push it",
+    )
     image = _pushed_digest(record, repository, ref, stack.name)
     m = stack.manifest
     needs = requirements_for(list(m.gpus), stack.arch.min_driver)
@@ -229,19 +332,19 @@ def make_pin(
         pinned_at=(now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"),
         container=f"sm120-stacks-{host}",
         command=serve_argv(stack),
-        env={**m.env, **_pairs(options.env)},
+        serve_port=m.serve.port,
+        env={**(CACHE_ENV if m.serve.engine == "vllm" else {}), **m.env, **_pairs(options.env)},
         gpus=_gpus(options.gpus),
         ports=list(options.ports) or [f"{m.serve.port}:{m.serve.port}"],
-        volumes=[_volume(v) for v in options.volumes]
-        or [Volume(source=DEFAULT_MODELS, target=MODELS_TARGET)],
+        volumes=[_volume(v) for v in options.volumes] or _default_volumes(stack),
         shm_size=m.serve.shm_size,
         restart=options.restart,
+        engine=options.engine,
         health=Health(start_period_s=m.smoke.health_timeout_s),
         needs=HostNeeds(
             cuda=m.cuda,
             min_driver=needs.min_driver,
-            gpu_targets=list(needs.targets),
-            compute_capabilities=list(needs.capabilities),
+            targets=needs.targets,
         ),
     )
     try:
@@ -254,6 +357,14 @@ def make_pin(
             key=key,
             hint="check the --env/--port/--volume values",
         ) from None
+
+
+def _default_volumes(stack: ResolvedStack) -> list[Volume]:
+    """Models from the host; for vLLM, a named volume per stack for the compile caches."""
+    volumes = [Volume(source=DEFAULT_MODELS, target=MODELS_TARGET)]
+    if stack.manifest.serve.engine == "vllm":
+        volumes.append(Volume(source=f"sm120-stacks-cache-{stack.name}", target=CACHE_TARGET))
+    return volumes
 
 
 def _pushed_digest(record: Record, repository: str | None, ref: str, stack: str) -> str:

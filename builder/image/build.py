@@ -8,35 +8,43 @@ build/STACK/logs/.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-from builder.errors import StackError
-from builder.image.engine import BuildClient
+from builder.errors import OperationFailed, StackError
+from builder.image.basepull import base_unavailable_error, unpullable_base
+from builder.image.buildcache import CacheSettings, cache_argv
+from builder.image.buildclient import BuildClient
+from builder.image.engine import Engine, Image
 from builder.image.jobs import auto_max_jobs
 from builder.image.names import content_tag, image_labels, local_ref, moving_ref
 from builder.image.progress import Progress
 from builder.image.records import load_record, save_record
-from builder.render.context import RenderedContext, render, write_context
+from builder.render.context import RenderedContext, write_context
 from builder.spec.resolve import ResolvedStack
 
 TARGET_STAGE = "runtime"
 #: Label recording the image IDs the base tags pointed to at build time.
 BASE_IDS_LABEL = "sm120-stacks.base-ids"
+#: Lines of the client's output kept for reading its final error (the full log is on disk).
+TAIL_LINES = 40
 
 
-class BuildFailed(Exception):
+class BuildFailed(OperationFailed):
     """The build itself failed (not the input): names the step and where the log is."""
 
 
@@ -51,6 +59,10 @@ class BuildOptions:
     max_jobs: int | None = None
     no_cache: bool = False
     live_progress: bool | None = None
+    #: Inline cache metadata in the image, and registry cache sources (builder.image.buildcache).
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    #: How long to wait for another build of the same stack to finish (0: refuse at once).
+    lock_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -65,34 +77,40 @@ class BuildOutcome:
     command: Path | None = None
 
 
-def find_image(api: Any, ref: str, content_hash: str) -> Any | None:
+def find_image(engine: Engine, ref: str, content_hash: str) -> Image | None:
     """The local image under ref if it really carries this content hash."""
-    from docker.errors import ImageNotFound
-
-    try:
-        image = api.images.get(ref)
-    except ImageNotFound:
+    image = engine.image(ref)
+    if image is None or image.labels.get("sm120-stacks.content-hash") != content_hash:
         return None
-    labels = image.labels or {}
-    return image if labels.get("sm120-stacks.content-hash") == content_hash else None
+    return image
 
 
 def build_stack(
-    stack: ResolvedStack, build_dir: Path, client: BuildClient, api: Any, options: BuildOptions
+    stack: ResolvedStack,
+    rendered: RenderedContext,
+    build_dir: Path,
+    client: BuildClient,
+    engine: Engine,
+    options: BuildOptions,
 ) -> BuildOutcome:
     started = time.monotonic()
-    rendered = render(stack)
     content_hash = rendered.content_hash()
     ref = local_ref(stack.name, content_hash)
-    existing = find_image(api, ref, content_hash)
-    bases = local_base_ids(api, stack)
+    existing = find_image(engine, ref, content_hash)
+    bases = local_base_ids(engine, stack)
     if existing is not None and not options.no_cache and not _bases_moved(existing, bases):
-        existing.tag(moving_ref(stack.name))
+        engine.tag(existing.id, moving_ref(stack.name))
         return BuildOutcome(
             stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
         )
     stack_dir = build_dir / stack.name
-    with stack_dir_lock(stack_dir):
+    with stack_dir_lock(stack_dir, options.lock_wait_s):
+        existing = None if options.no_cache else find_image(engine, ref, content_hash)
+        if existing is not None and not _bases_moved(existing, bases):  # built while we waited
+            engine.tag(existing.id, moving_ref(stack.name))
+            return BuildOutcome(
+                stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
+            )
         context = write_context(rendered, stack_dir / "context")
         logs = stack_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -106,11 +124,11 @@ def build_stack(
             argv = build_argv(stack, rendered, context, client, options, iidfile)
             argv[-1:-1] = ["--label", f"{BASE_IDS_LABEL}={json.dumps(bases, sort_keys=True)}"]
             _write_replay(command_path, client, argv, iidfile)
-            _run_build(stack.name, argv, client, log_path, options.live_progress)
+            written = (stack.manifest.bases.build.image, stack.manifest.bases.runtime.image)
+            _run_build(stack.name, argv, client, log_path, options.live_progress, written)
             image_id = iidfile.read_text().strip()
-        image = api.images.get(image_id)
-        image.tag(ref)
-        image.tag(moving_ref(stack.name))
+        engine.tag(image_id, ref)
+        engine.tag(image_id, moving_ref(stack.name))
         record = load_record(build_dir, stack.name, content_hash)
         record.attach_image(image_id)
         save_record(build_dir, record)
@@ -127,21 +145,63 @@ def build_stack(
 
 
 @contextmanager
-def stack_dir_lock(stack_dir: Path) -> Iterator[None]:
+def stack_dir_lock(stack_dir: Path, wait_s: float = 0.0) -> Iterator[None]:
     """One build (or render) of a stack at a time: each rewrites build/STACK/context, which
     BuildKit reads during the whole build, so a second one would swap the files under the
-    first and its image would be tagged with a content hash it was not built from."""
+    first and its image would be tagged with a content hash it was not built from.
+
+    With wait_s, a second build waits for the first (saying so once, on stderr) and fails
+    after wait_s; without, it is refused at once. The holder's pid is in the lock file, so the
+    message can name it. The kernel drops the lock when its holder dies, even by SIGKILL."""
     stack_dir.mkdir(parents=True, exist_ok=True)
-    with open(stack_dir / ".lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StackError(
-                f"another build or render of {stack_dir.name} is running (it holds "
-                f"{stack_dir / '.lock'})",
-                hint="wait for it to finish, or stop it; builds of other stacks may run at once",
-            ) from None
+    path = stack_dir / ".lock"
+    with open(path, "a+") as handle:
+        deadline = time.monotonic() + wait_s
+        said = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _lock_holder(path)
+                if wait_s <= 0:
+                    raise StackError(
+                        f"another build or render of {stack_dir.name} is running ({holder}; "
+                        f"it holds {path})",
+                        hint="wait for it to finish, or stop it; builds of other stacks may "
+                        "run at once",
+                    ) from None
+                if time.monotonic() >= deadline:
+                    raise OperationFailed(
+                        f"waited {wait_s:.0f} s for the other build of {stack_dir.name} "
+                        f"({holder}) to finish; it still holds {path}. Nothing was built."
+                    ) from None
+                if not said:
+                    print(
+                        f"waiting for the other build of {stack_dir.name} ({holder}) to finish "
+                        f"(at most {wait_s:.0f} s; it holds {path})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    said = True
+                time.sleep(LOCK_POLL_S)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        handle.flush()
         yield
+
+
+#: How often a waiting build tries the lock again.
+LOCK_POLL_S = 1.0
+
+
+def _lock_holder(path: Path) -> str:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        text = ""
+    return text or "pid unknown"
 
 
 def _keep_previous(log_path: Path) -> None:
@@ -151,28 +211,23 @@ def _keep_previous(log_path: Path) -> None:
         log_path.replace(log_path.with_name(log_path.name + ".1"))
 
 
-def local_base_ids(api: Any, stack: ResolvedStack) -> dict[str, str]:
+def local_base_ids(engine: Engine, stack: ResolvedStack) -> dict[str, str]:
     """Image IDs of the stack's base references as this engine has them now.
 
     A tag can move (a base rebuilt with `make base-local`, a mirror updated) without the
     rendered context changing; recording what each FROM meant lets a later build notice.
     Bases pinned by digest cannot move and are left out, as are bases the engine lacks.
     """
-    from docker.errors import ImageNotFound
-
     ids = {}
     for base in (stack.manifest.bases.build, stack.manifest.bases.runtime):
-        if base.digest:
-            continue
-        try:
-            ids[base.image] = str(api.images.get(base.image).id)
-        except ImageNotFound:
-            continue
+        image = None if base.digest else engine.image(base.image)
+        if image is not None:
+            ids[base.image] = image.id
     return ids
 
 
-def _bases_moved(image: Any, current: dict[str, str]) -> bool:
-    recorded = json.loads((image.labels or {}).get(BASE_IDS_LABEL, "{}"))
+def _bases_moved(image: Image, current: dict[str, str]) -> bool:
+    recorded = json.loads(image.labels.get(BASE_IDS_LABEL, "{}"))
     return any(recorded.get(ref) not in (None, image_id) for ref, image_id in current.items())
 
 
@@ -208,12 +263,15 @@ def build_argv(
         argv += ["--build-arg", f"MAX_JOBS={options.max_jobs}"]
     if options.no_cache:
         argv.append("--no-cache")
+    argv += cache_argv(options.cache, client.kind)
     argv.append(str(context))
     return argv
 
 
 def _write_replay(path: Path, client: BuildClient, argv: list[str], iidfile: Path) -> None:
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in client.env.items())
+    # The engine the build ran on (DOCKER_HOST: a remote one over ssh://, or another socket).
+    where = {"DOCKER_HOST": os.environ["DOCKER_HOST"]} if os.environ.get("DOCKER_HOST") else {}
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**where, **client.env}.items())
     replay = [a if a != str(iidfile) else "/tmp/sm120-stacks.iid" for a in argv]
     path.write_text(
         "#!/bin/sh\n# Replays this build exactly (the image is left untagged, as the tool does).\n"
@@ -223,10 +281,49 @@ def _write_replay(path: Path, client: BuildClient, argv: list[str], iidfile: Pat
 
 
 def _run_build(
-    stack: str, argv: list[str], client: BuildClient, log_path: Path, live: bool | None
+    stack: str,
+    argv: list[str],
+    client: BuildClient,
+    log_path: Path,
+    live: bool | None,
+    bases: Sequence[str] = (),
 ) -> None:
+    """Run the client, logging every line; a failure names its step, or the base image that
+    could not be pulled (`bases`: the stack's base references as its manifest writes them).
+    A log that cannot be written (its disk full) stops the build: nothing is tagged."""
     env = {**os.environ, **client.env}
-    with log_path.open("w") as log, Progress(stack, live=live) as progress:
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    try:
+        returncode, progress = _logged_build(stack, argv, env, log_path, tail, live)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise BuildFailed(
+            f"build of {stack} stopped: its log {log_path} could not be written "
+            f"({exc.strerror}); the build client was stopped and no image was tagged. Free "
+            "space there and build again: the layers built so far are in the build cache."
+        ) from None
+    if returncode != 0:
+        failed = progress.tracker.failed
+        step = f"step {_short(failed[0])}: {_short(failed[1])}" if failed else "its first step"
+        failure = BuildFailed(f"build of {stack} failed at {step}\n  log: {log_path}")
+        base = unpullable_base(failed, tail)
+        if base is not None:
+            raise base_unavailable_error(stack, base, bases, log_path) from failure
+        raise failure
+
+
+def _logged_build(
+    stack: str,
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    tail: deque[str],
+    live: bool | None,
+) -> tuple[int, Progress]:
+    """The client's exit status, each line of its output written to the log as it comes
+    (line-buffered: a full disk shows at the line that did not fit, not at the end)."""
+    with log_path.open("w", buffering=1) as log, Progress(stack, live=live) as progress:
         log.write(f"$ {shlex.join(argv)}\n")
         process = subprocess.Popen(
             argv,
@@ -242,16 +339,15 @@ def _run_build(
             for raw in process.stdout:
                 line = raw.rstrip("\n")
                 log.write(line + "\n")
+                tail.append(line)
                 progress.line(line)
             returncode = process.wait()
         except BaseException:
             _stop(process)
-            log.write("\n[sm120-stacks] build interrupted; no image was tagged\n")
+            with contextlib.suppress(OSError):  # the log's own disk may be what failed
+                log.write("\n[sm120-stacks] build interrupted; no image was tagged\n")
             raise
-    if returncode != 0:
-        failed = progress.tracker.failed
-        step = f"step {_short(failed[0])}: {_short(failed[1])}" if failed else "its first step"
-        raise BuildFailed(f"build of {stack} failed at {step}\n  log: {log_path}")
+    return returncode, progress
 
 
 def _short(text: str, limit: int = 160) -> str:

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from builder.errors import StackError
 from builder.image.build import find_image
+from builder.image.engine import Engine
 from builder.image.names import local_ref, moving_ref
-from builder.image.records import load_record, save_record
+from builder.image.records import load_record, require_tested, save_record
 from builder.image.registry import Registry, has_image, pull, push
-from builder.render.context import render
-from builder.spec.resolve import ResolvedStack
+from builder.render.context import RenderedContext
 
 
 @dataclass(frozen=True)
@@ -27,44 +26,47 @@ class Pushed:
     digest_ref: str
 
 
-def current_hash(stack: ResolvedStack) -> str:
-    return render(stack).content_hash()
-
-
 def push_stack(
-    stack: ResolvedStack, build_dir: Path, api: Any, registry: Registry, force: bool = False
+    rendered: RenderedContext,
+    build_dir: Path,
+    engine: Engine,
+    registry: Registry,
+    force: bool = False,
 ) -> Pushed:
-    content_hash = current_hash(stack)
-    ref = local_ref(stack.name, content_hash)
-    if find_image(api, ref, content_hash) is None:
+    name, content_hash = rendered.stack, rendered.content_hash()
+    ref = local_ref(name, content_hash)
+    if find_image(engine, ref, content_hash) is None:
         raise StackError(
-            f"no local image of {stack.name} at its current content hash ({ref})",
-            hint=f"build it first: sm120-stacks build {stack.name}",
+            f"no local image of {name} at its current content hash ({ref})",
+            hint=f"build it first: sm120-stacks build {name}",
         )
-    record = load_record(build_dir, stack.name, content_hash)
-    if record.tests != "passed" and not force:
-        state = "failed" if record.tests == "failed" else "not been run"
-        raise StackError(
-            f"the tests of {ref} have {state}; refusing to push an untested image",
-            hint=f"run `sm120-stacks test {stack.name}`, or pass --force to push anyway",
+    record = load_record(build_dir, name, content_hash)
+    if not force:
+        require_tested(
+            record,
+            ref,
+            "refusing to push an untested image",
+            hint=f"run `sm120-stacks test {name}`, or pass --force to push anyway",
         )
-    digest_ref = push(api, registry, ref, stack.name, content_hash)
+    digest_ref = push(engine, registry, ref, name, content_hash)
     record.pushed[registry.repository] = digest_ref
     save_record(build_dir, record)
-    return Pushed(stack.name, content_hash, digest_ref)
+    return Pushed(name, content_hash, digest_ref)
 
 
-def pull_stack(stack: ResolvedStack, build_dir: Path, api: Any, registry: Registry) -> str:
+def pull_stack(
+    rendered: RenderedContext, build_dir: Path, engine: Engine, registry: Registry
+) -> str:
     """Pull the image of the stack's current content hash and tag it as a build would."""
-    content_hash = current_hash(stack)
-    image = pull(api, registry, stack.name, content_hash)
-    image.tag(local_ref(stack.name, content_hash))
-    image.tag(moving_ref(stack.name))
-    record = load_record(build_dir, stack.name, content_hash)
+    name, content_hash = rendered.stack, rendered.content_hash()
+    image = pull(engine, registry, name, content_hash)
+    engine.tag(image.id, local_ref(name, content_hash))
+    engine.tag(image.id, moving_ref(name))
+    record = load_record(build_dir, name, content_hash)
     record.attach_image(image.id)
     save_record(build_dir, record)
-    return local_ref(stack.name, content_hash)
+    return local_ref(name, content_hash)
 
 
-def registry_has_current(stack: ResolvedStack, api: Any, registry: Registry) -> bool:
-    return has_image(api, registry, stack.name, current_hash(stack))
+def registry_has_current(rendered: RenderedContext, engine: Engine, registry: Registry) -> bool:
+    return has_image(engine, registry, rendered.stack, rendered.content_hash())

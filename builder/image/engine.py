@@ -1,101 +1,193 @@
-"""The container engine: find a BuildKit-capable build client and the engine API, or say why not.
+"""The container engine as the pipeline uses it: a typed interface, not an SDK client.
 
-Detection happens when a command needs an engine, never at import time. Two build paths exist
-in the wild: `docker buildx build` (buildx plugin) and the classic client with DOCKER_BUILDKIT=1,
-which Docker clients before 23 still honour (Debian 12's docker.io 20.10). A 23+ client without
-buildx refuses BuildKit, so it is skipped rather than used with the legacy builder: the
-templates need RUN --mount and build secrets.
+Every step that talks to the engine (lock, build, push and pull, test, deploy, verify, doctor)
+is written against `Engine`, which names the few operations the tool really performs. The docker
+SDK stays behind one adapter (docker_engine.py), so its untyped objects and its exception
+classes reach no step, and tests can hand a step a small fake instead of a daemon.
+Whatever the SDK raised arrives as an EngineError carrying the engine's own words.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-from builder.errors import ToolMissing
+from typing import Any, Literal, Protocol
 
 INSTALL_HINT = (
     "install a Docker engine with BuildKit: on Debian `apt-get install docker.io` (12) or "
     "`apt-get install docker.io docker-buildx` (13+), then start dockerd"
 )
-CLIENT_CANDIDATES = ("docker", "/usr/bin/docker", "/usr/local/bin/docker")
+
+
+class EngineError(Exception):
+    """The engine refused or failed an operation.
+
+    `explanation` is the daemon's message alone (a registry failure it relays, a refused
+    container), without the HTTP wrapping of its API, so it can be shown and classified.
+    """
+
+    def __init__(
+        self, explanation: str, *, status_code: int | None = None, retried: bool = False
+    ) -> None:
+        super().__init__(explanation)
+        self.explanation = explanation
+        #: The engine API's HTTP status (500 also when the daemon relays a registry's failure);
+        #: named as the SDK names it, so code reading either kind of error reads the same.
+        self.status_code = status_code
+        #: The engine had already retried before it gave up (dockerd retries a layer upload 5
+        #: times over about 50 s): asking it again only repeats that.
+        self.retried = retried
+
+
+class EngineNotFound(EngineError):
+    """What was asked for (image, container, a registry's manifest) does not exist."""
+
+
+class EngineUnreachable(EngineError):
+    """The engine's own API could not be reached (socket gone, connection dropped)."""
 
 
 @dataclass(frozen=True)
-class BuildClient:
-    """How to start a BuildKit build: argv prefix (before build options) and extra env."""
+class Image:
+    """An image as the engine inspects it; `attrs` is the whole `docker image inspect`."""
 
-    kind: str
-    argv: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
+    id: str
+    attrs: dict[str, Any]
 
-    def describe(self) -> str:
-        env = " ".join(f"{k}={v}" for k, v in self.env.items())
-        return f"{self.kind}: {env + ' ' if env else ''}{' '.join(self.argv)}"
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict((self.attrs.get("Config") or {}).get("Labels") or {})
 
-
-def detect_build_client() -> BuildClient:
-    """The first client on this machine that builds with BuildKit."""
-    seen: set[str] = set()
-    tried: list[str] = []
-    for candidate in CLIENT_CANDIDATES:
-        path = shutil.which(candidate)
-        if path is None or os.path.realpath(path) in seen:
-            continue
-        seen.add(os.path.realpath(path))
-        if _succeeds([path, "buildx", "version"]):
-            return BuildClient("buildx", (path, "buildx", "build", "--load"))
-        version = _client_version(path)
-        if version is not None and version < 23:
-            return BuildClient("classic+buildkit", (path, "build"), {"DOCKER_BUILDKIT": "1"})
-        tried.append(f"{path} (client {version}, no buildx plugin)")
-    found = "; ".join(tried) if tried else "no docker client on PATH"
-    raise ToolMissing(f"no client here can build with BuildKit: {found}", hint=INSTALL_HINT)
+    @property
+    def repo_digests(self) -> list[str]:
+        """repo@sha256 of each registry the image was pushed to or pulled from."""
+        return [str(entry) for entry in self.attrs.get("RepoDigests") or []]
 
 
-def engine_api() -> Any:
-    """A docker SDK client for what the engine API does well: inspect, tag, push, pull, run."""
-    import docker
-    from docker.errors import DockerException
+class Container(Protocol):
+    """A container the engine created; `attrs` is its `docker inspect` as of the last reload."""
 
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-    except DockerException as exc:
-        raise ToolMissing(
-            f"cannot reach a Docker engine ({exc.__class__.__name__}: {str(exc)[:200]})",
-            hint=INSTALL_HINT + "; set DOCKER_HOST if it listens elsewhere",
-        ) from None
-    return client
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def short_id(self) -> str: ...
+
+    @property
+    def attrs(self) -> dict[str, Any]: ...
+
+    def reload(self) -> None: ...
+
+    def logs(self, *, stdout: bool = True, stderr: bool = True) -> bytes: ...
+
+    def wait(self, timeout: float) -> int:
+        """Block until the container exits; its exit status."""
+        ...
+
+    def memory_bytes(self) -> int | None:
+        """Memory in use now, as `docker stats` counts it (inactive page cache left out);
+        None when the engine cannot say (the container stopped, no memory controller)."""
+        ...
+
+    def remove(self, *, force: bool = False) -> None: ...
 
 
-def engine_reachable() -> bool:
-    try:
-        engine_api()
-    except ToolMissing:
-        return False
-    return True
+@dataclass(frozen=True)
+class Mount:
+    #: An absolute host path is bind-mounted; anything else names a volume.
+    source: str
+    target: str
+    read_only: bool = False
+
+    @property
+    def kind(self) -> Literal["bind", "volume"]:
+        return "bind" if self.source.startswith("/") else "volume"
 
 
-def _succeeds(argv: list[str]) -> bool:
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+@dataclass(frozen=True)
+class PortBinding:
+    container_port: int
+    #: None: every address of the host.
+    host_ip: str | None = None
+    #: None: a free port the engine picks (read back from the container's attrs).
+    host_port: int | None = None
 
 
-def _client_version(path: str) -> int | None:
-    try:
-        result = subprocess.run(
-            [path, "version", "--format", "{{.Client.Version}}"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    head = result.stdout.strip().split(".")[0]
-    return int(head) if head.isdigit() else None
+@dataclass(frozen=True)
+class HealthCheck:
+    #: Exec form, starting with "CMD".
+    test: tuple[str, ...]
+    interval_s: int
+    timeout_s: int
+    retries: int
+    start_period_s: int
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """A container to start (detached), in the tool's terms rather than the SDK's keywords."""
+
+    image: str
+    #: None keeps the image's CMD / ENTRYPOINT.
+    command: tuple[str, ...] | None = None
+    entrypoint: tuple[str, ...] | None = None
+    name: str | None = None
+    environment: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    shm_size: str | None = None
+    ports: tuple[PortBinding, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    #: None: no GPU; "all"; or these device indices.
+    gpus: Literal["all"] | tuple[int, ...] | None = None
+    #: Restart policy name (always, unless-stopped, on-failure); None: never restarted.
+    restart: str | None = None
+    healthcheck: HealthCheck | None = None
+    network_mode: str | None = None
+
+
+class Engine(Protocol):
+    """The operations the tool performs on a container engine, and no others."""
+
+    def ping(self) -> None: ...
+
+    def runtimes(self) -> list[str]:
+        """Names of the container runtimes the engine has registered (`docker info`)."""
+        ...
+
+    def image(self, ref: str) -> Image | None:
+        """The local image under ref (a name, repo@digest or an image ID); None if absent."""
+        ...
+
+    def tag(self, image: str, ref: str) -> None:
+        """Point ref (repository[:tag]) at image (an ID or a reference)."""
+        ...
+
+    def push(self, repository: str, tag: str) -> str:
+        """Push repository:tag; the pushed manifest's digest ("" if the engine named none)."""
+        ...
+
+    def pull(self, repository: str, tag: str) -> None:
+        """Pull repository:tag (a tag or a sha256 digest) from its registry."""
+        ...
+
+    def registry_digest(self, ref: str) -> str:
+        """The registry's manifest digest for ref, without pulling it (EngineNotFound if none)."""
+        ...
+
+    def run(self, spec: ContainerSpec) -> Container: ...
+
+    def container(self, name: str) -> Container | None: ...
+
+    def containers(self, *, label: str) -> list[Container]:
+        """Every container, running or not, with this label (`key` or `key=value`)."""
+        ...
+
+
+def nvidia_runtimes(engine: Engine) -> list[str]:
+    """The engine's registered NVIDIA runtimes (`nvidia`, and `nvidia-cdi` and the like that
+    `nvidia-ctk runtime configure` adds). An engine that cannot answer raises EngineError: not
+    knowing is not the same as having none, and is reported as what went wrong."""
+    return sorted(name for name in engine.runtimes() if "nvidia" in name)

@@ -20,6 +20,9 @@ ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
 #: The client was stopped (Ctrl-C, SIGTERM, a killed client): BuildKit cancels the running step.
 CANCELED = re.compile(r"^#(\d+) CANCELED$")
 DONE = re.compile(r"^#(\d+) (DONE|CACHED)")
+#: Importing a --cache-from source: a source the registry lacks fails this step alone, and the
+#: build goes on without it (builder.image.buildcache).
+CACHE_IMPORT = re.compile(r"^#(\d+) importing cache manifest from (\S+)")
 #: Inside a long step: the precompile tool's module lines and ninja's [n/N] counter.
 DETAIL = re.compile(r"^#\d+ [\d.]+ (flashinfer_jit: .*|\[\d+/\d+\] \S+)")
 
@@ -33,6 +36,9 @@ class StepTracker:
         self.failed: tuple[str, str] | None = None
         self.finished = 0
         self.detail = ""
+        self.cache_imports: dict[str, str] = {}
+        #: Cache sources that could not be imported, with the reason: not a build failure.
+        self.cache_misses: dict[str, str] = {}
 
     def feed(self, line: str) -> None:
         if match := STEP.match(line):
@@ -41,8 +47,14 @@ class StepTracker:
             self.detail = ""
         elif match := DETAIL.match(line):
             self.detail = match.group(1)
+        elif match := CACHE_IMPORT.match(line):
+            self.cache_imports[match.group(1)] = match.group(2)
         elif match := ERROR.match(line):
-            self._fail(match.group(1), match.group(2))
+            source = self.cache_imports.get(match.group(1))
+            if source is not None:
+                self.cache_misses[source] = match.group(2)
+            else:
+                self._fail(match.group(1), match.group(2))
         elif match := CANCELED.match(line):
             self._fail(
                 match.group(1), f"canceled (last: {self.detail})" if self.detail else "canceled"

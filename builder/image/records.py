@@ -2,32 +2,47 @@
 
 A small JSON file per (stack, content hash) under build/STACK/records/, written atomically, so
 `list`, `push` (refuses untested images) and `pin` (refuses unpushed ones) agree on the facts.
+Each file says its schema version; one that does not validate is an error naming it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import ConfigDict, Field, StringConstraints, ValidationError
+
+from builder.errors import StackError
 from builder.files import write_atomic
 from builder.image.names import HASH_CHARS
+from builder.spec import imageref
+from builder.spec.manifest import Sha256, Slug
+from builder.spec.strict import Strict
+
+#: repo@sha256:...: what `pin` copies into a pin; a hand-edited record is refused on reading.
+PushedRef = Annotated[str, StringConstraints(pattern=imageref.PINNED)]
+
+#: Records written before the field existed have schema 1's fields and are read as schema 1.
+RECORD_SCHEMA: Literal[1] = 1
 
 
-@dataclass
-class Record:
-    stack: str
-    content_hash: str
+class Record(Strict):
+    #: Changed by the steps that record what they did (build, test, push); every change checked.
+    model_config = ConfigDict(frozen=False, validate_assignment=True)
+
+    schema_version: Literal[1] = RECORD_SCHEMA
+    stack: Slug
+    content_hash: Sha256
     image_id: str | None = None
     #: "passed" / "failed" / None (never tested), and where the report is.
-    tests: str | None = None
+    tests: Literal["passed", "failed"] | None = None
     report: str | None = None
     #: The smoke prompt's part of that verdict: "passed", "failed", or "skipped: why" (no GPU
     #: here); a static pass with a skipped GPU smoke is still a pass, but says so.
     smoke: str | None = None
     #: registry repository -> pushed digest (repo@sha256:...).
-    pushed: dict[str, str] = field(default_factory=dict)
+    pushed: dict[str, PushedRef] = Field(default_factory=dict)
 
     def attach_image(self, image_id: str) -> None:
         """A rebuild of the same content hash (a moved base, --no-cache) or a pull can give a
@@ -40,7 +55,7 @@ class Record:
         self.image_id = image_id
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump(mode="json")
 
 
 def record_path(build_dir: Path, stack: str, content_hash: str) -> Path:
@@ -51,11 +66,60 @@ def load_record(build_dir: Path, stack: str, content_hash: str) -> Record:
     path = record_path(build_dir, stack, content_hash)
     if not path.is_file():
         return Record(stack=stack, content_hash=content_hash)
-    data = json.loads(path.read_text())
-    return Record(**data)
+    again = (
+        f"delete it and run `sm120-stacks test {stack}` to test and record the image again "
+        "(then push it again)"
+    )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise StackError(
+            f"not valid JSON: {exc.msg}", file=path, line=exc.lineno, hint=again
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StackError(f"cannot read the record: {exc}", file=path, hint=again) from None
+    version = data.get("schema_version", RECORD_SCHEMA) if isinstance(data, dict) else None
+    if version is not None and not (type(version) is int and version == RECORD_SCHEMA):
+        raise StackError(
+            f"schema_version {version!r}: this sm120-stacks reads records of schema "
+            f"{RECORD_SCHEMA}",
+            file=path,
+            key="schema_version",
+            hint=again,
+        )
+    try:
+        record = Record.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        unknown = first["type"] == "extra_forbidden"
+        raise StackError(
+            "unknown key" if unknown else first["msg"],
+            file=path,
+            key=".".join(str(part) for part in first["loc"]) or None,
+            hint=again,
+        ) from None
+    for key, value, expected in (
+        ("stack", record.stack, stack),
+        ("content_hash", record.content_hash, content_hash),
+    ):
+        if value != expected:
+            raise StackError(
+                f"the record is of {key} {value!r}, not {expected!r}",
+                file=path,
+                key=key,
+                hint=again,
+            )
+    return record
 
 
 def save_record(build_dir: Path, record: Record) -> Path:
     path = record_path(build_dir, record.stack, record.content_hash)
     write_atomic(path, json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
     return path
+
+
+def require_tested(record: Record, ref: str, action: str, hint: str) -> None:
+    """The one gate push and pin share: only an image whose tests passed goes further."""
+    if record.tests != "passed":
+        state = "failed" if record.tests == "failed" else "not been run"
+        raise StackError(f"the tests of {ref} have {state}; {action}", hint=hint)

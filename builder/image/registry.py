@@ -1,8 +1,11 @@
 """Registry digest: push and pull stack images by content tag, through the engine API.
 
-docker-py reports push and pull failures inside the progress stream, not as exceptions, so every
-streamed line is checked. Connection errors are retried with backoff; after that the registry is
-reported unreachable. Nothing here speaks a registry-specific API: the engine does the talking.
+Transient failures (the connection refused, reset or cut short, a timeout, a 5xx) are retried
+with backoff; after that the registry is reported unreachable. A failure the engine had already
+retried itself (dockerd retries a layer upload five times, about 50 s) is reported at once:
+retrying it here made a registry answering 500 take over four minutes to report. Whatever
+the registry itself answered (unknown manifest, auth) is reported at once: asking again cannot
+change it. Nothing here speaks a registry-specific API: the engine does the talking.
 """
 
 from __future__ import annotations
@@ -10,22 +13,21 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from builder.errors import StackError, ToolMissing
+from builder.errors import OperationFailed, StackError, ToolMissing
+from builder.image.engine import Engine, EngineError, EngineNotFound, EngineUnreachable, Image
 from builder.image.names import REPOSITORY, content_tag
+from builder.spec import imageref
 
 REGISTRY_ENV = "SM120_STACKS_REGISTRY"
-_REGISTRY = re.compile(
-    r"^(?P<host>[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?)"
-    r"(/(?P<namespace>[a-z0-9]+([._/-][a-z0-9]+)*))?$"
-)
+_REGISTRY = imageref.REGISTRY_RE
 T = TypeVar("T")
 
 
-class RegistryError(Exception):
+class RegistryError(OperationFailed):
     """The registry refused an operation (auth, missing tag, bad manifest)."""
 
 
@@ -60,16 +62,17 @@ class Registry:
         return f"{self.repository}:{tag}"
 
 
-def push(api: Any, registry: Registry, local_ref: str, stack: str, content_hash: str) -> str:
+def push(engine: Engine, registry: Registry, local_ref: str, stack: str, content_hash: str) -> str:
     """Push the content tag and the moving stack tag; return repo@sha256 of the image."""
-    image = api.images.get(local_ref)
+    image = engine.image(local_ref)
+    if image is None:
+        raise RegistryError(f"there is no local image {local_ref} to push")
     digest = ""
     for tag in (content_tag(stack, content_hash), stack):
-        image.tag(registry.repository, tag)
+        engine.tag(image.id, registry.ref(tag))
 
         def push_tag(tag: str = tag) -> str:
-            stream = api.api.push(registry.repository, tag=tag, stream=True, decode=True)
-            return _check_stream(stream, "push", tag)
+            return _answered("push", tag, lambda: engine.push(registry.repository, tag))
 
         # Every tag is sent (the moving tag too); the digest is the same image's for both.
         pushed = _with_retries(registry, push_tag)
@@ -79,17 +82,16 @@ def push(api: Any, registry: Registry, local_ref: str, stack: str, content_hash:
     return f"{registry.repository}@{digest}"
 
 
-def pull(api: Any, registry: Registry, stack: str, content_hash: str) -> Any:
+def pull(engine: Engine, registry: Registry, stack: str, content_hash: str) -> Image:
     """Pull the image of this exact content hash; its label must say the same hash."""
     tag = content_tag(stack, content_hash)
     _with_retries(
-        registry,
-        lambda: _check_stream(
-            api.api.pull(registry.repository, tag=tag, stream=True, decode=True), "pull", tag
-        ),
+        registry, lambda: _answered("pull", tag, lambda: engine.pull(registry.repository, tag))
     )
-    image = api.images.get(registry.ref(tag))
-    label = (image.labels or {}).get("sm120-stacks.content-hash")
+    image = engine.image(registry.ref(tag))
+    if image is None:
+        raise RegistryError(f"the engine pulled {registry.ref(tag)} but does not have it")
+    label = image.labels.get("sm120-stacks.content-hash")
     if label != content_hash:
         raise RegistryError(
             f"{registry.ref(tag)} carries content hash {label}, expected {content_hash}"
@@ -97,51 +99,44 @@ def pull(api: Any, registry: Registry, stack: str, content_hash: str) -> Any:
     return image
 
 
-def has_image(api: Any, registry: Registry, stack: str, content_hash: str) -> bool:
+def has_image(engine: Engine, registry: Registry, stack: str, content_hash: str) -> bool:
     """Whether the registry holds this content hash (asks for the manifest, pulls nothing)."""
-    from docker.errors import APIError, NotFound
-
     ref = registry.ref(content_tag(stack, content_hash))
 
     def ask() -> bool:
         try:
-            api.api.inspect_distribution(ref)
-        except NotFound:
+            engine.registry_digest(ref)
+        except EngineNotFound:
             return False
-        except APIError as exc:
-            if _is_connection_error(exc):
+        except EngineError as exc:
+            if is_transient(exc):
                 raise
-            if "manifest unknown" in str(exc) or "not found" in str(exc).lower():
+            if "manifest unknown" in exc.explanation or "not found" in exc.explanation.lower():
                 return False
-            raise RegistryError(f"asking {registry.host} for {ref} failed: {exc}") from None
+            raise RegistryError(
+                f"asking {registry.host} for {ref} failed: {exc.explanation}"
+            ) from None
         return True
 
     return _with_retries(registry, ask)
 
 
-def repo_digest(image: Any, registry: Registry) -> str | None:
+def repo_digest(image: Image, registry: Registry) -> str | None:
     """The image's digest in this registry (RepoDigests), not its local image ID."""
-    for entry in image.attrs.get("RepoDigests") or []:
+    for entry in image.repo_digests:
         if entry.startswith(registry.repository + "@"):
-            return str(entry)
+            return entry
     return None
 
 
-def _check_stream(lines: Iterable[dict[str, Any]], action: str, tag: str) -> str:
-    digest = ""
-    for line in lines:
-        if "error" in line or "errorDetail" in line:
-            detail = line.get("errorDetail", {}).get("message") or line.get("error")
-            if _looks_like_connection(str(detail)):
-                raise ConnectionError(str(detail))
-            raise RegistryError(f"{action} of {tag} failed: {detail}")
-        aux = line.get("aux") or {}
-        if isinstance(aux, dict) and aux.get("Digest"):
-            digest = str(aux["Digest"])
-        status = str(line.get("status", ""))
-        if match := re.search(r"digest: (sha256:[0-9a-f]{64})", status):
-            digest = digest or match.group(1)
-    return digest
+def _answered(action: str, tag: str, call: Callable[[], T]) -> T:
+    """call, with the registry's own refusal (anything not transient) as a RegistryError."""
+    try:
+        return call()
+    except EngineError as exc:
+        if is_transient(exc):
+            raise
+        raise RegistryError(f"{action} of {tag} failed: {exc.explanation}") from None
 
 
 def _with_retries(
@@ -151,38 +146,82 @@ def _with_retries(
     for attempt in range(1, attempts + 1):
         try:
             return action()
-        except Exception as exc:
-            if not _is_connection_error(exc):
+        except EngineError as exc:
+            if not is_transient(exc):
                 raise
-            if attempt == attempts:
+            if attempt == attempts or exc.retried:
+                tries = "the engine's own retries" if exc.retried else f"{attempts} attempts"
+                state = (
+                    "answered server errors"
+                    if _SERVER_ERROR.search(exc.explanation)
+                    else "is unreachable"
+                )
                 raise ToolMissing(
-                    f"registry {registry.host} is unreachable after {attempts} attempts: "
-                    f"{str(exc)[:200]}",
+                    f"registry {registry.host} {state} after {tries}: " f"{exc.explanation[:200]}",
                     hint="start the registry or fix --registry / "
-                    f"{REGISTRY_ENV} (HOST[:PORT][/NAMESPACE])",
+                    f"{REGISTRY_ENV} (HOST[:PORT][/NAMESPACE]); nothing was recorded, and "
+                    "a push again sends only what the registry lacks",
                 ) from None
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
 
 
-def _is_connection_error(exc: BaseException) -> bool:
-    import requests
-
-    if isinstance(exc, ConnectionError | requests.exceptions.ConnectionError):
-        return True
-    return _looks_like_connection(str(exc))
-
-
-def _looks_like_connection(text: str) -> bool:
-    markers = (
-        "connection refused",
-        "no such host",
-        "i/o timeout",
-        "connection reset",
-        "dial tcp",
-        "EOF",
-        "server misbehaving",
-        "network is unreachable",
+#: What only the registry itself says (the distribution spec's error codes, Docker's auth
+#: messages). A message carrying one was answered: asking again gets the same answer, whatever
+#: else the message holds (a registry may quote "EOF" or a 5xx from behind it).
+_REGISTRY_ANSWER = re.compile(
+    r"\b(?:manifest unknown|manifest invalid|manifest blob unknown|manifest unverified"
+    r"|blob unknown|blob upload (?:unknown|invalid)|name unknown|name invalid|tag invalid"
+    r"|digest invalid|size invalid|unsupported|unauthorized|denied|toomanyrequests"
+    r"|authentication required|no basic auth credentials|insufficient_scope|not found)\b",
+    re.IGNORECASE,
+)
+#: Failures of the connection to the registry or of the registry's server, which pass.
+_TRANSIENT = re.compile(
+    "|".join(
+        (
+            # Go's net errors: the dial failed (refused, no route, DNS not answering), or the
+            # established connection was reset, broken, closed or timed out.
+            r"\bdial tcp\b",
+            r"\bconnection refused\b",
+            r"\bconnection reset by peer\b",
+            r"\bbroken pipe\b",
+            r"\buse of closed network connection\b",
+            r"\bi/o timeout\b",
+            r"\bTLS handshake timeout\b",
+            r"\bClient\.Timeout exceeded\b",
+            r"\bcontext deadline exceeded\b",
+            r"\btimeout awaiting response headers\b",
+            # The connection ended mid-answer: Go's io.ErrUnexpectedEOF, or io.EOF as the whole
+            # error of an HTTP request (`Get "https://host/v2/": EOF`).
+            r"\bunexpected EOF\b",
+            r'\b(?i:get|head|put|post|patch|delete) "[^"]+": EOF\b',
+            # The registry's server failed (5xx), as Docker and containerd phrase its status.
+            r"\bHTTP status: 5\d\d\b",
+            r"\bHTTP 5\d\d response\b",
+            r"\b5\d\d (?:Internal Server Error|Bad Gateway|Service Unavailable|Gateway Timeout)\b",
+        )
     )
-    return any(marker in text for marker in markers)
+)
+
+#: The transient failures that are the registry's server's (a 5xx), to say so.
+_SERVER_ERROR = re.compile(
+    r"\bHTTP status: 5\d\d\b|\bHTTP 5\d\d response\b"
+    r"|\b5\d\d (?:Internal Server Error|Bad Gateway|Service Unavailable|Gateway Timeout)\b"
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying could help: the engine's API dropped, or the engine relayed a failure
+    of the connection to the registry or of its server. Judged on the daemon's message, not the
+    engine API's status, which is 500 for everything the daemon relays."""
+    if isinstance(exc, EngineUnreachable):
+        return True
+    if not isinstance(exc, EngineError):
+        return False
+    return is_transient_message(exc.explanation)
+
+
+def is_transient_message(text: str) -> bool:
+    return _REGISTRY_ANSWER.search(text) is None and _TRANSIENT.search(text) is not None

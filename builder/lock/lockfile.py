@@ -17,16 +17,17 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 
 from builder.errors import StackError, ToolMissing
 from builder.files import write_atomic
 from builder.spec.knowledge import parse_document
 from builder.spec.manifest import Digest, ImageRef, PackageName, Url
 from builder.spec.resolve import ResolvedStack, canonical_json
+from builder.spec.strict import Strict
 from builder.spec.yamlsafe import MAX_BYTES, load_yaml
 
 LOCK_SCHEMA = 1
@@ -43,13 +44,28 @@ Hash = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 Version = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.+!_-]+$")]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+#: How dockerd words a registry it could not reach at all (Go's network and TLS errors, which it
+#: relays). Only these leave a base unpinned; a refusal (authentication, an unknown image or tag,
+#: a registry speaking HTTP) is an error.
+UNREACHABLE = (
+    "dial tcp",
+    "no such host",
+    "connection refused",
+    "i/o timeout",
+    "tls handshake timeout",
+    "network is unreachable",
+    "no route to host",
+    "connection reset by peer",
+    "client.timeout exceeded",
+)
+#: The note of a base the registry could not be asked about: recorded in the lock.
+UNPINNED = "NOT PINNED: "
 
 
-class LockedBase(_Strict):
+class LockedBase(Strict):
     image: ImageRef
-    #: The digest the registry gave for image when locked; None when it could not be asked.
+    #: The digest the registry gave for image when locked; None when it could not be asked
+    #: (the note says why: no engine, or a registry that could not be reached at all).
     digest: Digest | None = None
     note: str = ""
 
@@ -57,18 +73,23 @@ class LockedBase(_Strict):
     def reference(self) -> str:
         return f"{self.image}@{self.digest}" if self.digest else self.image
 
+    @property
+    def unpinned(self) -> bool:
+        """A build FROM it takes whatever the tag points to that day."""
+        return self.digest is None
 
-class LockedBases(_Strict):
+
+class LockedBases(Strict):
     build: LockedBase
     runtime: LockedBase
 
 
-class LockedPackage(_Strict):
+class LockedPackage(Strict):
     version: Version
     hashes: list[Hash] = Field(min_length=1)
 
 
-class VersionSource(_Strict):
+class VersionSource(Strict):
     """Another lock whose versions this one was resolved to prefer (`lock --versions-from`).
 
     A local variant of a flagship (another Python, say) then installs the flagship's locked
@@ -81,7 +102,7 @@ class VersionSource(_Strict):
     differs: dict[PackageName, str] = Field(default_factory=dict)
 
 
-class LockedPython(_Strict):
+class LockedPython(Strict):
     version: str
     platform: str
     resolver: str
@@ -97,7 +118,7 @@ class LockedPython(_Strict):
         return {name: pin.version for name, pin in {**self.heavy, **self.packages}.items()}
 
 
-class Lock(_Strict):
+class Lock(Strict):
     schema_version: Literal[1]
     stack: str
     #: sha256 of the manifest inputs below; what builds and `check` compare.
@@ -187,6 +208,8 @@ def read_lock(path: Path) -> Lock:
 def stale_reason(stack: ResolvedStack, lock: Lock) -> str | None:
     """Why the lock does not match the manifest now (None when it does)."""
     current = lock_inputs(stack)
+    if inputs_hash(lock.inputs) != lock.inputs_hash:
+        return "its recorded inputs do not match its inputs_hash (edited by hand?)"
     if lock.stack == stack.name and inputs_hash(current) == lock.inputs_hash:
         return None
     if lock.stack != stack.name:
@@ -219,6 +242,16 @@ def current_lock(stack: ResolvedStack) -> Lock | None:
     return lock
 
 
+def locked_versions(stack: ResolvedStack) -> dict[str, str] | None:
+    """The versions the stack's lock installs (name -> version), for the compatibility rules:
+    None without a lock or with a stale one (`check` reports that on its own)."""
+    path = lock_path(stack)
+    if not path.is_file():
+        return None
+    lock = read_lock(path)
+    return lock.python.versions() if stale_reason(stack, lock) is None else None
+
+
 def lock_requirements(lock: Lock, part: Literal["heavy", "packages"]) -> str:
     """A pip requirements file of one part of the lock, every line hash-pinned."""
     py = lock.python
@@ -239,12 +272,25 @@ def lock_requirements(lock: Lock, part: Literal["heavy", "packages"]) -> str:
 # --- making ------------------------------------------------------------------------------------
 
 
-def make_lock(stack: ResolvedStack, api: Any | None, prefer: Lock | None = None) -> Lock:
+class RegistryDigests(Protocol):
+    """The one engine operation locking needs. Declared here, not taken from builder.image
+    (a later step): the image step's Engine provides it."""
+
+    def registry_digest(self, ref: str) -> str: ...
+
+
+def make_lock(
+    stack: ResolvedStack, engine: RegistryDigests | None, prefer: Lock | None = None
+) -> Lock:
     """Resolve the stack's complete dependency set (uv) and its base digests (engine).
 
     With `prefer`, uv starts from that lock's versions and moves only what this stack's
     Python, platform or pins require (uv keeps the pins of an existing output file).
     """
+    bases = original_bases(stack)
+    # Asked first, once per image (build and runtime are usually the same one): a registry that
+    # refuses stops the lock before minutes of package resolution.
+    found = {base: resolve_base(*base, engine) for base in set(bases.values())}
     uv = find_uv()
     m = stack.manifest
     py = m.python
@@ -268,9 +314,6 @@ def make_lock(stack: ResolvedStack, api: Any | None, prefer: Lock | None = None)
             subset = _compile(uv, stack, work, "heavy", heavy_top, overrides, constraints=pinned)
             heavy = {name: full[name] for name in subset if name in full}
     inputs = lock_inputs(stack)
-    bases = original_bases(stack)
-    # One question per image: build and runtime are usually the same one.
-    found = {base: resolve_base(*base, api) for base in set(bases.values())}
     return Lock(
         schema_version=LOCK_SCHEMA,
         stack=stack.name,
@@ -317,18 +360,32 @@ def write_lock(path: Path, lock: Lock) -> None:
     write_atomic(path, text)
 
 
-def resolve_base(image: str, digest: str | None, api: Any | None) -> LockedBase:
-    """The registry's digest for image, or the image as given with the reason why not."""
+def resolve_base(image: str, digest: str | None, engine: RegistryDigests | None) -> LockedBase:
+    """The registry's digest for image. Without an engine, or when the registry cannot be
+    reached at all, the image as given, its note saying so; any other failure (authentication,
+    no such image or tag) is a StackError naming the image."""
     if digest:
         return LockedBase(image=image, digest=digest, note="digest pinned in the manifest")
-    if api is None:
-        return LockedBase(image=image, note="kept as given: no Docker engine to ask a registry")
+    if engine is None:
+        return LockedBase(image=image, note=UNPINNED + "no Docker engine to ask a registry")
     try:
-        answer = api.api.inspect_distribution(image)
-        found = str(answer["Descriptor"]["digest"])
-    except Exception as exc:
-        reason = " ".join(str(getattr(exc, "explanation", None) or exc).split())[:200]
-        return LockedBase(image=image, note=f"kept as given: registry not reachable ({reason})")
+        found = engine.registry_digest(image)
+    except Exception as exc:  # the engine's EngineError (builder.image, a later step)
+        reason = " ".join(str(getattr(exc, "explanation", None) or exc).split())[:300]
+        status = getattr(exc, "status_code", None)
+        client_error = isinstance(status, int) and 400 <= status < 500
+        if not client_error and any(words in reason.lower() for words in UNREACHABLE):
+            return LockedBase(image=image, note=f"{UNPINNED}registry not reachable ({reason})")
+        if status == 404 or "manifest unknown" in reason or "not found" in reason.lower():
+            raise StackError(
+                f"base image {image}: the registry has no such image or tag ({reason})",
+                hint="check the image name and tag in the manifest's bases; no lock was written",
+            ) from None
+        raise StackError(
+            f"base image {image}: the registry refused to give its digest ({reason})",
+            hint="log in to that registry (`docker login HOST`) or check the image name; "
+            "no lock was written",
+        ) from None
     return LockedBase(image=image, digest=found, note="digest resolved from the registry")
 
 

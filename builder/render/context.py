@@ -14,14 +14,16 @@ import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from builder import REPO_ROOT
+from builder.errors import StackError
 from builder.lock.lockfile import Lock, base_reference, current_lock, lock_requirements
+from builder.render.digests import DigestCache
 from builder.spec.resolve import ResolvedStack, canonical_json, jit_module_table
 from builder.spec.serve import serve_argv
 
@@ -75,11 +77,24 @@ class TemplateContext:
 
 
 @dataclass(frozen=True)
+class CopiedFile:
+    """A file the context takes from disk unchanged (a local wheel): named by its digest, and
+    copied only when the context is written, so a large one is never held in memory."""
+
+    source: Path
+    sha256: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
 class RenderedContext:
-    """The build context in memory: relative path -> (bytes, mode)."""
+    """The build context: generated files in memory (relative path -> (bytes, mode)) and files
+    copied from disk. One command renders a stack once and hands this down to every step."""
 
     stack: str
     files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    copied: dict[str, CopiedFile] = field(default_factory=dict)
     #: The lock the context installs from (None: resolved at build time). Kept so that later
     #: steps judge the image by the lock it was built from, without reading the file again.
     lock: Lock | None = None
@@ -88,14 +103,24 @@ class RenderedContext:
     def dockerfile(self) -> str:
         return self.files["Dockerfile"][0].decode()
 
-    def content_hash(self) -> str:
-        """sha256 over every path, mode and content: the image's identity."""
+    @cached_property
+    def _hash(self) -> str:
         digest = hashlib.sha256()
-        for path in sorted(self.files):
-            content, mode = self.files[path]
-            digest.update(f"{path}\0{mode:o}\0{len(content)}\0".encode())
-            digest.update(content)
+        for path in sorted({*self.files, *self.copied}):
+            if path in self.files:
+                content, mode = self.files[path]
+                digest.update(f"{path}\0{mode:o}\0{len(content)}\0".encode())
+                digest.update(content)
+            else:
+                copied = self.copied[path]
+                digest.update(f"{path}\0{REGULAR:o}\0{copied.size}\0sha256:".encode())
+                digest.update(copied.sha256.encode())
         return digest.hexdigest()
+
+    def content_hash(self) -> str:
+        """sha256 over every path, mode and content (a copied file by its sha256): the image's
+        identity."""
+        return self._hash
 
 
 def template_context(stack: ResolvedStack, lock: Lock | None = None) -> TemplateContext:
@@ -204,11 +229,19 @@ def requirements(
     return "\n".join(lines) + "\n"
 
 
-def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> RenderedContext:
+def render(
+    stack: ResolvedStack,
+    templates_dir: Path = TEMPLATES_DIR,
+    digests: DigestCache | None = None,
+) -> RenderedContext:
+    """Everything the image is built from. `digests` remembers large files' hashes across
+    commands (the CLI keeps one under the build folder); without it they are hashed afresh."""
+    digests = digests or DigestCache()
     lock = current_lock(stack)
     ctx = template_context(stack, lock)
     env = _jinja_env(templates_dir)
-    dockerfile = env.get_template("Dockerfile.j2").render(ctx=ctx)
+    template = stack.manifest.build.template or "Dockerfile.j2"
+    dockerfile = env.get_template(template).render(ctx=ctx)
     files: dict[str, tuple[bytes, int]] = {
         "Dockerfile": (_tidy(dockerfile).encode(), REGULAR),
         "manifest.json": (
@@ -232,14 +265,21 @@ def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> Rendere
             )
         files["requirements/lock.txt"] = (lock_requirements(lock, "packages").encode(), REGULAR)
     for tool in sorted((templates_dir / "tools").iterdir()):
+        if not tool.is_file():
+            continue  # a __pycache__ left by a local import of a tool is not part of the image
         mode = EXECUTABLE if os.access(tool, os.X_OK) else REGULAR
         files[f"tools/{tool.name}"] = (tool.read_bytes(), mode)
     files["tools/jit-modules.json"] = (
         (json.dumps(jit_module_table(), indent=2, sort_keys=True) + "\n").encode(),
         REGULAR,
     )
+    copied: dict[str, CopiedFile] = {}
     for wheel in stack.manifest.python.wheels:
-        files[f"wheels/{Path(wheel).name}"] = (stack.local_file(wheel).read_bytes(), REGULAR)
+        source = stack.local_file(wheel)
+        stat = source.stat()
+        copied[f"wheels/{source.name}"] = CopiedFile(
+            source, digests.sha256(source), stat.st_size, stat.st_mtime_ns
+        )
     if stack.manifest.patches:
         sums = []
         for patch in stack.manifest.patches:
@@ -248,7 +288,7 @@ def render(stack: ResolvedStack, templates_dir: Path = TEMPLATES_DIR) -> Rendere
             files[f"patches/{name}"] = (content, REGULAR)
             sums.append(f"{hashlib.sha256(content).hexdigest()}  {name}")
         files["patches/SHA256SUMS"] = (("\n".join(sums) + "\n").encode(), REGULAR)
-    return RenderedContext(stack=stack.name, files=files, lock=lock)
+    return RenderedContext(stack=stack.name, files=files, copied=copied, lock=lock)
 
 
 def write_context(rendered: RenderedContext, target: Path) -> Path:
@@ -261,6 +301,8 @@ def write_context(rendered: RenderedContext, target: Path) -> Path:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
             path.chmod(mode)
+        for relative, copied in sorted(rendered.copied.items()):
+            _copy_unchanged(copied, staging / relative)
         if target.exists():
             retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
             target.rename(retired / "context")
@@ -272,6 +314,26 @@ def write_context(rendered: RenderedContext, target: Path) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def _copy_unchanged(copied: CopiedFile, path: Path) -> None:
+    """Copy a file into the context, refusing one that changed since its digest was taken: the
+    image would carry bytes its content hash does not name."""
+    stat = copied.source.stat()
+    if (stat.st_size, stat.st_mtime_ns) != (copied.size, copied.mtime_ns):
+        raise StackError(
+            f"{copied.source} changed while the context was written",
+            hint="run the command again once nothing writes to that file",
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if stat.st_mode & 0o777 == REGULAR:
+        try:
+            os.link(copied.source, path)  # same file system: no copy of hundreds of MB
+            return
+        except OSError:
+            pass
+    shutil.copyfile(copied.source, path)
+    path.chmod(REGULAR)
 
 
 @cache

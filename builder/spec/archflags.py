@@ -6,21 +6,19 @@ FlashInfer sees 12.0f while torch.utils.cpp_extension, which rejects the f suffi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field
 
 from builder.spec.knowledge import parse_document, read_knowledge
+from builder.spec.strict import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class GpuFamily(_Strict):
+class GpuFamily(Strict):
     capability: str
     products: list[str]
     family_suffix: str
@@ -29,26 +27,35 @@ class GpuFamily(_Strict):
     evidence: list[str]
 
 
-class Spelling(_Strict):
+class Spelling(Strict):
     item: str
     suffix: Literal["family", "arch"]
     separator: str
 
 
-class ArchTable(_Strict):
+class ArchTable(Strict):
     gpus: dict[str, GpuFamily]
     consumers: dict[str, Spelling]
     jit_arch_tag: Spelling
     cubin_arch: Spelling
 
 
-class CudaFacts(_Strict):
+class CudaFacts(Strict):
     min_driver: dict[str, str]
+    #: Python wheels of the CUDA compiler whose version is its CUDA release (13.0.88 = 13.0).
+    compiler_wheels: list[str] = Field(default_factory=list)
 
 
 @cache
 def arch_table() -> ArchTable:
     return parse_document(read_knowledge("arch.yaml"), ArchTable)
+
+
+def capabilities(gpus: Sequence[str]) -> dict[str, str]:
+    """Each GPU target's compute capability, keyed by the target's name, in the order given
+    (sm90 -> 9.0, sm120 -> 12.0); targets the arch table does not know are left out."""
+    table = arch_table().gpus
+    return {gpu: table[gpu].capability for gpu in gpus if gpu in table}
 
 
 @cache

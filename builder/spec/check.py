@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from builder.errors import StackError
@@ -21,8 +22,10 @@ class CheckResult:
         return not self.violations
 
 
-def check_stack(stack: ResolvedStack) -> CheckResult:
-    return CheckResult(stack=stack, violations=evaluate(rule_facts(stack)))
+def check_stack(stack: ResolvedStack, locked: Mapping[str, str] | None = None) -> CheckResult:
+    """Every rule against the stack; with its lock's versions (name -> version), rules on an
+    unpinned package (nvidia-nvvm beside a pinned nvcc) see what the image installs."""
+    return CheckResult(stack=stack, violations=evaluate(rule_facts(stack, locked)))
 
 
 def violation_error(result: CheckResult) -> StackError:

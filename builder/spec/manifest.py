@@ -12,12 +12,15 @@ from typing import Annotated, Any, Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StringConstraints,
+    model_serializer,
 )
+
+from builder.spec import imageref
+from builder.spec.strict import Strict
 
 # --- constrained strings -----------------------------------------------------------------------
 
@@ -31,14 +34,11 @@ Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$
 PackageName = Annotated[
     str, StringConstraints(pattern=r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
 ]
-ImageRef = Annotated[
-    str,
-    StringConstraints(
-        pattern=r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-        r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$"
-    ),
+ImageRef = Annotated[str, StringConstraints(pattern=imageref.TAGGED)]
+OverrideTemplate = Annotated[
+    str, StringConstraints(pattern=r"^overrides/[A-Za-z0-9_][A-Za-z0-9_.-]*\.j2$")
 ]
-Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+Digest = Annotated[str, StringConstraints(pattern=imageref.DIGEST_ONLY)]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Url = Annotated[str, StringConstraints(pattern=r"^https?://[A-Za-z0-9._~:/?#\[\]@!%+,=-]+$")]
 #: A single argument of the serve command; rendered in exec (JSON) form, never through a shell.
@@ -48,7 +48,9 @@ RelPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]+$", max_le
 WheelPath = Annotated[
     str, StringConstraints(pattern=r"^/?([A-Za-z0-9_+-][A-Za-z0-9_.+-]*/)*[A-Za-z0-9_.+-]+\.whl$")
 ]
-ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+$", max_length=128)]
+#: FlashInfer spells attention modules by every template parameter (172 characters for a
+#: paged prefill); a directory name allows 255.
+ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+$", max_length=255)]
 
 
 def _exact_version(value: str) -> str:
@@ -75,12 +77,6 @@ ExactVersion = Annotated[
     StringConstraints(pattern=r"^[A-Za-z0-9.+!_-]+$"),
     AfterValidator(_exact_version),
 ]
-
-
-class Strict(BaseModel):
-    """Unknown keys are errors: a typo must not silently drop a setting."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # --- sections ----------------------------------------------------------------------------------
@@ -144,6 +140,10 @@ class BuildSettings(Strict):
     #: Toolchain variables (CUDA_HOME, CC, CXX, ...) set identically in the JIT-cache stage and
     #: the runtime image: FlashInfer recompiles when the compiler command line differs.
     toolchain_env: dict[Identifier, SafeText] = Field(default_factory=dict)
+    #: A template under templates/overrides/ that `{% extends "Dockerfile.j2" %}` and replaces
+    #: some of its blocks (toolchain, packages, patches, jit_cache, runtime), as spack's
+    #: `container: template:` does: a stack that needs one more step need not fork the rest.
+    template: OverrideTemplate | None = None
 
 
 class Patch(Strict):
@@ -172,6 +172,31 @@ class Model(Strict):
     moe: bool = False
     #: Quantization of an MTP / draft head shipped with the model (NVIDIA ships some unquantized).
     draft_head_quantization: Literal["nvfp4", "fp8", "bf16", "fp16"] | None = None
+    #: Model dimensions from its config.json, where a rule needs them (e.g. the width of each
+    #: GPU's slice under tensor parallelism). Facts for `check` only: they do not shape the
+    #: image, and unset ones stay out of the manifest's JSON (and so out of the content hash).
+    hidden_size: int | None = Field(default=None, ge=1)
+    intermediate_size: int | None = Field(default=None, ge=1)
+    moe_intermediate_size: int | None = Field(default=None, ge=1)
+    num_experts: int | None = Field(default=None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1)
+
+    @model_serializer(mode="wrap")
+    def _without_unset_dimensions(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        for name in MODEL_DIMENSIONS:
+            if isinstance(data, dict) and data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+MODEL_DIMENSIONS = (
+    "hidden_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_experts",
+    "head_dim",
+)
 
 
 class Speculative(Strict):
@@ -233,6 +258,23 @@ class Floors(Strict):
     max_ttft_s: float | None = Field(default=None, gt=0)
 
 
+class Soak(Strict):
+    """Concurrent streaming chat for a while after the smoke (`builder.verify.soak`). A test
+    setting, not part of the image: it stays out of the content hash."""
+
+    #: How long `test` soaks unless told otherwise (`--soak SECONDS`); 0: only when asked.
+    seconds: int = Field(default=0, ge=0, le=7 * 24 * 3600)
+    #: Streams open at once; None: the smoke's concurrency.
+    concurrency: int | None = Field(default=None, ge=1, le=256)
+    #: A stall: no token on any open stream for this long while the server is up.
+    stall_s: float = Field(default=60.0, gt=0, le=3600)
+    #: Failed requests over all requests above which the soak fails (0: any failure fails).
+    max_error_rate: float = Field(default=0.0, ge=0, le=1)
+    #: Growth of the server's memory (container, or process tree with --url) past its level
+    #: after the warm-up; None: not judged.
+    max_memory_growth_mb: float | None = Field(default=1024.0, gt=0)
+
+
 class Smoke(Strict):
     #: vLLM stacks need an NVIDIA GPU; the CPU test stack's server does not.
     needs_gpu: bool = True
@@ -240,6 +282,7 @@ class Smoke(Strict):
     concurrency: int = Field(default=4, ge=1, le=64)
     floors: Floors = Field(default_factory=Floors)
     health_timeout_s: int = Field(default=900, ge=5, le=7200)
+    soak: Soak = Field(default_factory=Soak)
 
 
 class Note(Strict):

@@ -10,18 +10,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from packaging.version import Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from packaging.version import InvalidVersion, Version
+from pydantic import Field, ValidationError
 
+from builder import REPO_ROOT
 from builder.errors import StackError
-from builder.spec.archflags import ArchFlags, arch_table, derive
+from builder.spec.archflags import ArchFlags, arch_table, cuda_facts, derive
 from builder.spec.knowledge import locate, parse_document, read_knowledge, validation_error
 from builder.spec.manifest import Manifest
+from builder.spec.strict import Strict
 from builder.spec.substitute import Substitutions
 from builder.spec.yamlsafe import YamlDocument, dotted, load_yaml
 
@@ -29,6 +32,9 @@ STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 #: Manifest fields that describe a stack but do not shape its image. They stay out of the
 #: image's identity, so marking a stack `working` or adding a note keeps its test and push records.
 EDITORIAL_FIELDS = frozenset({"description", "status", "notes"})
+#: Settings of a test run on the image, not of the image (the soak's length and limits): also
+#: out of its identity, so tuning them keeps its records.
+TEST_ONLY_FIELDS: dict[str, Any] = {"smoke": {"soak": True}}
 MAX_EXTENDS_DEPTH = 32
 
 
@@ -48,7 +54,9 @@ class ResolvedStack:
     def to_json(self, editorial: bool = True) -> dict[str, Any]:
         """The resolved manifest with derived values: what `show` prints. Without the editorial
         fields it is what images carry and what the content hash covers."""
-        excluded = {"extends"} if editorial else {"extends", *EDITORIAL_FIELDS}
+        excluded: dict[str, Any] = {"extends": True}
+        if not editorial:
+            excluded |= dict.fromkeys(EDITORIAL_FIELDS, True) | TEST_ONLY_FIELDS
         data = self.manifest.model_dump(mode="json", exclude=excluded)
         data["name"] = self.name
         data["derived"] = {
@@ -90,30 +98,27 @@ class ResolvedStack:
         return self.repo_root / path
 
 
-class _Preset(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Preset(Strict):
     description: str
     modules: list[str]
     includes: list[str] = Field(default_factory=list)
 
 
-class _PresetFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _PresetFile(Strict):
     presets: dict[str, _Preset]
 
 
-class JitModule(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class JitModule(Strict):
     generator: str
-    args: list[str] = Field(default_factory=list)
+    #: Positional arguments of the generator; a string "torch.NAME" is that torch dtype.
+    args: list[bool | int | str] = Field(default_factory=list)
     peak_gb: float
     used_by: str
     #: Archs the generator always builds for, whatever FLASHINFER_CUDA_ARCH_LIST says.
     fixed_archs: list[str] = Field(default_factory=list)
 
 
-class _ModuleFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _ModuleFile(Strict):
     modules: dict[str, JitModule]
 
 
@@ -168,6 +173,7 @@ def resolve(
     _check_reserved_env(stack, docs)
     _check_patches(stack, docs)
     _check_wheels(stack, docs)
+    _check_template(stack, docs)
     return stack
 
 
@@ -366,8 +372,33 @@ def _check_wheels(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
             )
 
 
-def rule_facts(stack: ResolvedStack) -> dict[str, Any]:
-    """The flat fact table rules.yaml conditions read (see the header of that file)."""
+def _check_template(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+    template = stack.manifest.build.template
+    if template is None:
+        return
+    path = REPO_ROOT / "templates" / template  # where render's templates live
+    if not path.is_file():
+        raise _error_at(
+            docs,
+            ("build", "template"),
+            f"template {template} does not exist under templates/",
+            'write templates/overrides/NAME.j2 starting with {% extends "Dockerfile.j2" %}',
+        )
+    if '{% extends "Dockerfile.j2" %}' not in path.read_text(errors="replace"):
+        raise _error_at(
+            docs,
+            ("build", "template"),
+            f"templates/{template} does not extend Dockerfile.j2",
+            'start it with {% extends "Dockerfile.j2" %} and override only the blocks it changes',
+        )
+
+
+def rule_facts(stack: ResolvedStack, locked: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The flat fact table rules.yaml conditions read (see the header of that file).
+
+    locked: the stack's lock (name -> version), where it has one: an unpinned package's
+    pins.<name> is then its locked version, the one its image installs.
+    """
     facts: dict[str, Any] = {}
 
     def flatten(prefix: str, value: Any) -> None:
@@ -376,19 +407,63 @@ def rule_facts(stack: ResolvedStack) -> dict[str, Any]:
                 flatten(f"{prefix}.{key}" if prefix else key, item)
         facts[prefix] = value
 
-    flatten("", stack.manifest.model_dump(mode="json"))
-    python = stack.manifest.python
-    for package, pin in {**python.packages, **python.overrides}.items():
-        facts[f"pins.{package}"] = pin.version
-    facts["patched"] = sorted({p.package for p in stack.manifest.patches})
+    m = stack.manifest
+    flatten("", m.model_dump(mode="json"))
+    pins = {name: pin.version for name, pin in {**m.python.packages, **m.python.overrides}.items()}
+    pinned = {_normalize(name) for name in pins}
+    for name, version in (locked or {}).items():
+        if _normalize(name) not in pinned:
+            facts[f"pins.{name}"] = version
+    for package, version in pins.items():
+        facts[f"pins.{package}"] = version
+    facts["patched"] = sorted({p.package for p in m.patches})
     facts["arch.flashinfer"] = list(stack.arch.flashinfer_archs)
-    if stack.manifest.serve.engine == "vllm" and stack.manifest.serve.moe_backend is None:
+    # What the image's processes see: derived arch flags, toolchain, then the stack's env.
+    image_env = {**stack.arch.env, **m.build.toolchain_env, **m.env}
+    for key, value in image_env.items():
+        facts[f"image_env.{key}"] = value
+    facts["arch.torch"] = image_env.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split()
+    if m.serve.engine == "vllm" and m.serve.moe_backend is None:
         facts["serve.moe_backend"] = "auto"  # no --moe-backend: vLLM picks, as with auto
     facts["jit.fixed_arch_gaps"] = stack.fixed_arch_gaps() or None
-    driver, minimum = stack.manifest.host_driver, stack.arch.min_driver
+    driver, minimum = m.host_driver, stack.arch.min_driver
     if driver is not None and minimum is not None:
         facts["driver.below_minimum"] = Version(driver) < Version(minimum)
+    facts["toolkit.past_cuda"] = _toolkit_past_cuda(m.cuda, facts) or None
+    facts["model.slice_not_multiple_of_32"] = _slice_not_multiple_of_32(stack)
     return facts
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _toolkit_past_cuda(cuda: str, facts: dict[str, Any]) -> list[str]:
+    """`package version` for each CUDA compiler wheel (knowledge/cuda.yaml compiler_wheels),
+    pinned or locked, whose major.minor is past the stack's CUDA."""
+    target = Version(cuda).release[:2]
+    wheels = {_normalize(w) for w in cuda_facts().compiler_wheels}
+    past = []
+    for key, value in facts.items():
+        if not key.startswith("pins.") or _normalize(key[5:]) not in wheels or value is None:
+            continue
+        try:
+            release = Version(str(value)).release[:2]
+        except InvalidVersion:
+            continue
+        if release > target:
+            past.append(f"{key[5:]} {value}")
+    return sorted(past)
+
+
+def _slice_not_multiple_of_32(stack: ResolvedStack) -> bool | None:
+    """Whether a tensor-parallel GPU's slice of the model's (MoE) intermediate width is not a
+    multiple of 32 (or the width does not divide evenly); None when no width is given."""
+    model, tp = stack.manifest.serve.model, stack.manifest.serve.tensor_parallel_size
+    widths = [w for w in (model.intermediate_size, model.moe_intermediate_size) if w is not None]
+    if not widths:
+        return None
+    return any(width % tp or (width // tp) % 32 for width in widths)
 
 
 def canonical_json(data: Any) -> str:

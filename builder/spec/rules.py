@@ -1,53 +1,112 @@
 """Compatibility rules (knowledge/rules.yaml) evaluated against a resolved stack.
 
 The engine knows only a handful of generic operators; what is known-bad lives in the YAML, with
-the error a user would otherwise hit at runtime, its evidence and the working alternative.
+the error a user would otherwise hit at runtime, its evidence and the working alternative. A
+rule may name the package versions it affects (`affects`): it then fires only while the stack's
+version of that package is in [introduced, fixed_in), and an upgrade past fixed_in retires it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Annotated, Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict
+from pydantic import BeforeValidator, model_validator
 
 from builder.spec.knowledge import parse_document, read_knowledge
+from builder.spec.strict import Strict
 
 OPERATORS = frozenset(
-    {"eq", "in", "not_in", "contains", "not_contains", "contains_any", "present", "version"}
+    {
+        "eq",
+        "ne",
+        "in",
+        "not_in",
+        "contains",
+        "not_contains",
+        "contains_any",
+        "present",
+        "version",
+        "differs_from",
+    }
 )
 
 
-class Rule(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _version_text(value: Any) -> Any:
+    """YAML reads `13.0` as a float; a version is always text, and must parse."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str):
+        try:
+            Version(value)
+        except InvalidVersion:
+            raise ValueError(f"{value!r} is not a version") from None
+    return value
 
+
+VersionText = Annotated[str, BeforeValidator(_version_text)]
+
+
+class Affects(Strict):
+    """The versions of one package a rule applies to: [introduced, fixed_in)."""
+
+    #: A pins.<package> name (any spelling PEP 503 normalizes to the same name).
+    package: str
+    #: First affected version (inclusive); absent: every version before fixed_in.
+    introduced: VersionText | None = None
+    #: First fixed version (exclusive upper bound); absent: no fix known.
+    fixed_in: VersionText | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Affects:
+        if self.introduced and self.fixed_in and Version(self.introduced) >= Version(self.fixed_in):
+            raise ValueError(f"introduced {self.introduced} is not before fixed_in {self.fixed_in}")
+        return self
+
+    def describe(self) -> str:
+        """The affected range: `flashinfer-python <0.6.14`, `b >=1.0 (no fix known)`."""
+        bounds = ([f">={self.introduced}"] if self.introduced else []) + (
+            [f"<{self.fixed_in}"] if self.fixed_in else []
+        )
+        text = f"{self.package} {','.join(bounds)}" if bounds else f"{self.package} (every version)"
+        return text if self.fixed_in else f"{text} (no fix known)".replace(") (", "; ")
+
+
+class Rule(Strict):
     id: str
     key: str
     when: dict[str, Any]
     error: str
     evidence: list[str]
     alternative: str
+    affects: Affects | None = None
 
 
-class RuleFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class RuleFile(Strict):
     rules: list[Rule]
 
 
 @dataclass(frozen=True)
 class Violation:
     rule: Rule
+    #: The stack's version of rule.affects.package, for rules with an `affects` block.
+    version: str | None = None
 
     def describe(self) -> str:
-        return (
+        text = (
             f"[{self.rule.id}] {self.rule.error}\n"
             f"  evidence: {', '.join(self.rule.evidence)}\n"
             f"  instead: {self.rule.alternative}"
         )
+        affects = self.rule.affects
+        if affects is not None and affects.fixed_in:
+            here = f" (this stack: {self.version})" if self.version else ""
+            text += f"\n  fixed in: {affects.package} {affects.fixed_in}{here}"
+        return text
 
 
 @cache
@@ -63,24 +122,82 @@ def load_rules() -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def normalize(name: str) -> str:
+    """PEP 503 name: pins may spell a package Flashinfer_Python, affects flashinfer-python."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def affected(rule: Rule, version: str) -> bool:
+    """Whether that version of the rule's affects.package is in [introduced, fixed_in).
+
+    A rule without `affects` has no version bounds: every version is affected. A version that
+    does not parse is not.
+    """
+    affects = rule.affects
+    if affects is None:
+        return True
+    try:
+        v = Version(str(version))
+    except InvalidVersion:
+        return False
+    if affects.introduced is not None and v < Version(affects.introduced):
+        return False
+    return affects.fixed_in is None or v < Version(affects.fixed_in)
+
+
+def retired_by(rule: Rule, package: str, version: str) -> bool:
+    """Whether that version of that package is at or past the rule's fixed_in: upgrading to it
+    retires the rule (and any mitigation a stack carries for it)."""
+    affects = rule.affects
+    if affects is None or affects.fixed_in is None:
+        return False
+    if normalize(package) != normalize(affects.package):
+        return False
+    try:
+        return Version(str(version)) >= Version(affects.fixed_in)
+    except InvalidVersion:
+        return False
+
+
+def package_version(facts: dict[str, Any], package: str) -> str | None:
+    """The stack's version of package in a fact table: pins.<package> under any spelling."""
+    wanted = normalize(package)
+    exact = facts.get(f"pins.{package}")
+    if exact is not None:
+        return str(exact)
+    for key, value in facts.items():
+        if key.startswith("pins.") and normalize(key[5:]) == wanted and value is not None:
+            return str(value)
+    return None
+
+
 def evaluate(facts: dict[str, Any], rules: tuple[Rule, ...] | None = None) -> list[Violation]:
-    """Every rule whose conditions all hold for these facts."""
-    return [
-        Violation(rule)
-        for rule in (load_rules() if rules is None else rules)
-        if all(_holds(facts.get(path), cond) for path, cond in rule.when.items())
-    ]
+    """Every rule whose conditions all hold for these facts and, with `affects`, whose package
+    version (pins.<package>) is in the affected range."""
+    violations = []
+    for rule in load_rules() if rules is None else rules:
+        if not all(_holds(facts.get(path), cond, facts) for path, cond in rule.when.items()):
+            continue
+        if rule.affects is None:
+            violations.append(Violation(rule))
+            continue
+        version = package_version(facts, rule.affects.package)
+        if version is not None and affected(rule, version):
+            violations.append(Violation(rule, version))
+    return violations
 
 
-def _holds(value: Any, condition: Any) -> bool:
+def _holds(value: Any, condition: Any, facts: dict[str, Any]) -> bool:
     if not isinstance(condition, dict):
         return bool(value == condition)
-    return all(_check(op, value, arg) for op, arg in condition.items())
+    return all(_check(op, value, arg, facts) for op, arg in condition.items())
 
 
-def _check(op: str, value: Any, arg: Any) -> bool:
+def _check(op: str, value: Any, arg: Any, facts: dict[str, Any]) -> bool:
     if op == "present":
         return (value is not None) == bool(arg)
+    if op == "ne":
+        return bool(value != arg)  # an absent value differs too (unset env: not "0")
     if value is None:
         return False
     if op == "eq":
@@ -100,4 +217,7 @@ def _check(op: str, value: Any, arg: Any) -> bool:
             return Version(str(value)) in SpecifierSet(str(arg))
         except (InvalidVersion, InvalidSpecifier):
             return False
+    if op == "differs_from":
+        other = facts.get(str(arg))
+        return other is not None and str(value) != str(other)
     raise ValueError(f"unknown rule operator {op!r}")

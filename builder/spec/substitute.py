@@ -14,12 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from builder.errors import StackError
+from builder.spec import imageref
 
 ENV_VAR = "SM120_STACKS_BASE_SUBSTITUTE"
-_REF = re.compile(
-    r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
-)
+_REF = imageref.REFERENCE_RE
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 The seeds' broken stacks all started and answered HTTP 200; what was wrong was the text
 (commas, whitespace, '!!!!'), a kernel JIT-compiled at serve time, or speed. So the smoke
-judges answers (the manifest's pattern, `verify.garbage`), reads the server log for ninja/nvcc
-lines, and compares time to first token and tokens/s with the manifest's floors.
+judges answers (the manifest's pattern, `verify.garbage`), reads the server log for runtime
+compiles of every kind (`verify.compiles`: FlashInfer's ninja/nvcc, Triton, torch.compile,
+CuTe-DSL, named by kind and name), and compares time to first token and tokens/s with the
+manifest's floors.
 
 The container runs the image's CMD unchanged (it is the manifest's serve command, rendered at
 build time): testing a different command line would prove nothing about the image. The serve
@@ -11,13 +13,15 @@ port is published on a free 127.0.0.1 port, so nothing else on the host is expos
 
 Whether a GPU smoke may run at all (`gpu_missing_reason`) is the caller's decision, not
 `run_smoke`'s: a CLI skips or fails (--require-gpu), tests may run on CPU stacks.
+
+`run_smoke_url` is the same judge for a server the tool did not start (`smoke STACK --url`):
+already running at a URL, its log read from a file when one is given.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shutil
 import time
 import uuid
@@ -31,7 +35,18 @@ from typing import Any
 import requests
 
 from builder.errors import ToolMissing
+from builder.files import write_atomic
+from builder.image.engine import (
+    Container,
+    ContainerSpec,
+    Engine,
+    EngineError,
+    Mount,
+    PortBinding,
+    nvidia_runtimes,
+)
 from builder.spec.resolve import ResolvedStack
+from builder.verify.compiles import CompileFindings, compile_kinds, find_compiles
 from builder.verify.garbage import answer_matches, garbage_reasons
 
 # --- check names (the reasons a smoke fails) ---------------------------------------------------
@@ -48,8 +63,9 @@ CHECK_SINGLE = "single-stream tok/s floor"
 CHECK_BATCHED = "batched tok/s floor"
 
 #: FlashInfer prints its ninja build lines only when verbose; a line means a runtime compile.
+#: (knowledge/runtime_compiles.yaml: what each kind needs to show; CuTe-DSL's console log is
+#: left off here, it logs every call.)
 SMOKE_ENV = {"FLASHINFER_JIT_VERBOSE": "1", "FLASHINFER_JIT_DEBUG": "0"}
-JIT_LINE = re.compile(r"^\[[0-9]+/[0-9]+\] .*nvcc.*$", re.MULTILINE)
 #: Long enough for a decode rate that short factual answers cannot give; not judged for content.
 THROUGHPUT_PROMPT = "Write a short essay about the history of the printing press."
 THROUGHPUT_MAX_TOKENS = 128
@@ -115,6 +131,12 @@ class SmokeReport:
     concurrency: int = 0
     floors: dict[str, float | None] = field(default_factory=dict)
     server_log: str | None = None
+    #: Runtime compiles found in the server log, per kind (`verify.compiles`); None: no log read.
+    runtime_compiles: dict[str, Any] | None = None
+    #: The soak's summary when one ran after the smoke (`verify.soak`); its checks are above.
+    soak: dict[str, Any] | None = None
+    #: "container" (the tool served the image) or "url" (a server it did not start).
+    target: str = "container"
     report_path: str | None = None
     exit_code: int | None = None
     duration_s: float = 0.0
@@ -140,7 +162,7 @@ class SmokeReport:
 # --- GPU gate ----------------------------------------------------------------------------------
 
 
-def gpu_missing_reason(api: Any) -> str | None:
+def gpu_missing_reason(engine: Engine) -> str | None:
     """Why a GPU container cannot start here, or None when it can.
 
     Two things must hold: the host has an NVIDIA device node (/dev/nvidia0: a GPU and its
@@ -148,12 +170,18 @@ def gpu_missing_reason(api: Any) -> str | None:
     consulted), and the engine can hand GPUs to containers: either an `nvidia` runtime is
     registered (`nvidia-ctk runtime configure`, visible in `docker info` Runtimes), or the
     NVIDIA Container Toolkit's hook is installed, which is what `--gpus` (a device request)
-    uses on Docker 19.03+ without a registered runtime.
+    uses on Docker 19.03+ without a registered runtime. An engine that cannot say which runtimes
+    it has is reported as such, not as one without a GPU runtime.
     """
     if not Path("/dev/nvidia0").exists():
         return "no NVIDIA GPU on this host (/dev/nvidia0 is missing)"
-    runtimes = (api.info() or {}).get("Runtimes") or {}
-    if "nvidia" not in runtimes and shutil.which("nvidia-container-runtime-hook") is None:
+    if shutil.which("nvidia-container-runtime-hook") is not None:
+        return None
+    try:
+        runtimes = nvidia_runtimes(engine)
+    except EngineError as exc:
+        return f"the Docker engine did not say which runtimes it has ({exc.explanation})"
+    if not runtimes:
         return (
             "the Docker engine cannot give containers a GPU (no nvidia runtime, no NVIDIA "
             "Container Toolkit): install nvidia-container-toolkit, run "
@@ -162,13 +190,13 @@ def gpu_missing_reason(api: Any) -> str | None:
     return None
 
 
-def gpu_available(api: Any) -> bool:
-    return gpu_missing_reason(api) is None
+def gpu_available(engine: Engine) -> bool:
+    return gpu_missing_reason(engine) is None
 
 
-def gpu_gate(api: Any, *, require_gpu: bool) -> str | None:
+def gpu_gate(engine: Engine, *, require_gpu: bool) -> str | None:
     """A skip message when the GPU smoke cannot run here; with require_gpu, an error instead."""
-    reason = gpu_missing_reason(api)
+    reason = gpu_missing_reason(engine)
     if reason is not None and require_gpu:
         raise ToolMissing(f"the GPU smoke is required (--require-gpu) but {reason}")
     return None if reason is None else f"GPU smoke skipped: {reason}"
@@ -178,7 +206,7 @@ def gpu_gate(api: Any, *, require_gpu: bool) -> str | None:
 
 
 def run_smoke(
-    api: Any,
+    engine: Engine,
     image_ref: str,
     stack: ResolvedStack,
     *,
@@ -186,8 +214,10 @@ def run_smoke(
     gpu: bool,
     report_path: Path,
     log: Callable[[str], None] = print,
+    after: AfterSmoke | None = None,
 ) -> SmokeReport:
-    """Serve image_ref, judge its answers, write the JSON report and the server log."""
+    """Serve image_ref, judge its answers, write the JSON report and the server log; `after`
+    (the soak) runs on the same server when the smoke passed so far."""
     smoke = stack.manifest.smoke
     report = SmokeReport(
         stack=stack.name,
@@ -199,12 +229,13 @@ def run_smoke(
         report_path=str(report_path),
     )
     began = time.monotonic()
-    container = _start(api, image_ref, stack, mounts, gpu, report, log)
+    container = _start(engine, image_ref, stack, mounts, gpu, report, log)
     try:
         if container is not None:
             server = _Server(container, stack, report, log)
             if server.wait_ready():
                 server.exercise()
+                _run_after(server, after, container)
             server.check_alive()
     finally:
         if container is not None:
@@ -216,50 +247,130 @@ def run_smoke(
     return report
 
 
+def run_smoke_url(
+    base_url: str,
+    stack: ResolvedStack,
+    *,
+    report_path: Path,
+    server_log: Path | None = None,
+    log: Callable[[str], None] = print,
+    after: AfterSmoke | None = None,
+    model: str | None = None,
+) -> SmokeReport:
+    """The same judge for a server the tool did not start, already running at base_url.
+
+    Its log is read from server_log when given (copied beside the report, then judged for
+    runtime compiles); without one, compiles are not judged and the report says so. The
+    server must run with SMOKE_ENV for FlashInfer's compiles to print at all. model: the
+    name the server serves, where it is not the manifest's (served_model_name or model id).
+    """
+    smoke = stack.manifest.smoke
+    report = SmokeReport(
+        stack=stack.name,
+        image=f"(server at {base_url})",
+        gpu=smoke.needs_gpu,
+        started_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        concurrency=smoke.concurrency,
+        floors=smoke.floors.model_dump(),
+        target="url",
+        report_path=str(report_path),
+    )
+    began = time.monotonic()
+    try:
+        server = _UrlServer(base_url, stack, report, log, server_log)
+        server.model = model or server.model
+        log(f"smoke: judging the server at {server.root}")
+        if server.wait_ready():
+            server.exercise()
+            _run_after(server, after, None)
+        server.check_alive()
+    finally:
+        if server_log is not None:
+            text = server_log.read_text(errors="replace") if server_log.is_file() else ""
+            path = server_log_path(report_path)
+            write_atomic(path, text)
+            report.server_log = str(path)
+            if text:
+                judge_compiles(report, text)
+            else:
+                report.add(CHECK_JIT, False, f"server log {server_log} is missing or empty")
+        report.duration_s = round(time.monotonic() - began, 2)
+        _write_report(report, report_path)
+    log(format_table(report))
+    return report
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    """The server a smoke just judged, for a check that runs on it next (the soak)."""
+
+    base_url: str
+    model: str
+    #: Whether it still runs: the container's state, or (a server the tool did not start)
+    #: whether it answers HTTP at all.
+    running: Callable[[], bool]
+    #: The container the smoke started; None for a server at a URL.
+    container: Container | None
+    #: The smoke's report: the next check adds its checks to it.
+    report: SmokeReport
+
+
+AfterSmoke = Callable[[LiveServer], None]
+
+
+def _run_after(server: _Endpoint, after: AfterSmoke | None, container: Container | None) -> None:
+    """`after` on a server whose smoke passed so far; a failed smoke already has its verdict."""
+    if after is None or server.base_url is None or server.died or not server.report.passed:
+        return
+    after(LiveServer(server.base_url, server.model, server._running, container, server.report))
+
+
 def _start(
-    api: Any,
+    engine: Engine,
     image_ref: str,
     stack: ResolvedStack,
     mounts: dict[str, str],
     gpu: bool,
     report: SmokeReport,
     log: Callable[[str], None],
-) -> Any:
+) -> Container | None:
     """The image's own CMD, its serve port on a free loopback port; None (a failed check) if not."""
-    from docker.errors import DockerException
-    from docker.types import DeviceRequest
-
     serve = stack.manifest.serve
-    options: dict[str, Any] = {
-        "detach": True,
-        "name": f"sm120-smoke-{stack.name}-{uuid.uuid4().hex[:8]}",
-        "labels": {"sm120-stacks.smoke": stack.name},
-        "environment": dict(SMOKE_ENV),
-        "ports": {f"{serve.port}/tcp": ("127.0.0.1",)},
-        "shm_size": serve.shm_size,
-        "volumes": {host: {"bind": inside, "mode": "ro"} for host, inside in mounts.items()},
-    }
-    if gpu:
-        options["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    name = f"sm120-smoke-{stack.name}-{uuid.uuid4().hex[:8]}"
+    spec = ContainerSpec(
+        image=image_ref,
+        name=name,
+        labels={"sm120-stacks.smoke": stack.name},
+        environment=dict(SMOKE_ENV),
+        ports=(PortBinding(serve.port, "127.0.0.1"),),
+        shm_size=serve.shm_size,
+        mounts=tuple(Mount(host, inside, read_only=True) for host, inside in mounts.items()),
+        gpus="all" if gpu else None,
+    )
     log(f"smoke: starting {image_ref} ({'GPU' if gpu else 'no GPU'})")
     try:
-        container = api.containers.run(image_ref, **options)
-    except DockerException as exc:
-        reason = getattr(exc, "explanation", None) or str(exc)
-        report.add(CHECK_START, False, f"{exc.__class__.__name__}: {reason}"[:1000])
-        _remove_named(api, options["name"])  # created, then refused at start (e.g. no GPU)
+        container = engine.run(spec)
+    except EngineError as exc:
+        report.add(CHECK_START, False, f"{exc.__class__.__name__}: {exc.explanation}"[:1000])
+        _remove_named(engine, name)  # created, then refused at start (e.g. no GPU)
         return None
     report.add(CHECK_START, True, f"{container.name} ({container.short_id})")
     return container
 
 
-class _Server:
-    """A started smoke container and what is asked of it; results go into the report."""
+class _Endpoint:
+    """The server under test and what is asked of it over HTTP; results go into the report.
+
+    Subclasses say whether it still runs, how it stopped, and where it listens: a container
+    the smoke started (`_Server`) or a server it did not start (`_UrlServer`).
+    """
 
     def __init__(
-        self, container: Any, stack: ResolvedStack, report: SmokeReport, log: Callable[[str], None]
+        self,
+        stack: ResolvedStack,
+        report: SmokeReport,
+        log: Callable[[str], None],
     ) -> None:
-        self.container = container
         self.stack = stack
         self.report = report
         self.log = log
@@ -306,33 +417,13 @@ class _Server:
         return False
 
     def _running(self) -> bool:
-        self.container.reload()
-        state = self.container.attrs.get("State", {})
-        return bool(state.get("Running")) and not state.get("Restarting")
+        raise NotImplementedError
 
     def _record_death(self, when: str) -> None:
-        self.died = True
-        state = self.container.attrs.get("State", {})
-        self.report.exit_code = state.get("ExitCode")
-        tail = [line for line in _log_text(self.container).splitlines() if line.strip()]
-        detail = (
-            f"server died {when}: exit code {state.get('ExitCode')}"
-            f"{' (OOM killed)' if state.get('OOMKilled') else ''}"
-            f"{', ' + state['Error'] if state.get('Error') else ''}"
-            f"; last log line: {tail[-1][:200] if tail else '(empty log)'}\n"
-            + "\n".join(tail[-LOG_TAIL_LINES:])
-        )
-        self.report.add(CHECK_UP, False, detail)
-        self.log(f"smoke: server died {when} (exit code {state.get('ExitCode')})")
+        raise NotImplementedError
 
     def _url(self, path: str) -> str | None:
-        if self.base_url is None:
-            ports = self.container.attrs.get("NetworkSettings", {}).get("Ports") or {}
-            bound = ports.get(f"{self.stack.manifest.serve.port}/tcp") or []
-            if not bound:
-                return None
-            self.base_url = f"http://127.0.0.1:{bound[0]['HostPort']}"
-        return self.base_url + path
+        raise NotImplementedError
 
     def _healthy(self) -> bool:
         url = self._url("/health")
@@ -450,6 +541,102 @@ class _Server:
         return completion
 
 
+class _Server(_Endpoint):
+    """A smoke container the tool started from the image."""
+
+    def __init__(
+        self,
+        container: Container,
+        stack: ResolvedStack,
+        report: SmokeReport,
+        log: Callable[[str], None],
+    ) -> None:
+        super().__init__(stack, report, log)
+        self.container = container
+
+    def _running(self) -> bool:
+        self.container.reload()
+        state = self.container.attrs.get("State", {})
+        return bool(state.get("Running")) and not state.get("Restarting")
+
+    def _record_death(self, when: str) -> None:
+        self.died = True
+        state = self.container.attrs.get("State", {})
+        self.report.exit_code = state.get("ExitCode")
+        tail = [line for line in _log_text(self.container).splitlines() if line.strip()]
+        detail = (
+            f"server died {when}: exit code {state.get('ExitCode')}"
+            f"{' (OOM killed)' if state.get('OOMKilled') else ''}"
+            f"{', ' + state['Error'] if state.get('Error') else ''}"
+            f"; last log line: {tail[-1][:200] if tail else '(empty log)'}\n"
+            + "\n".join(tail[-LOG_TAIL_LINES:])
+        )
+        self.report.add(CHECK_UP, False, detail)
+        self.log(f"smoke: server died {when} (exit code {state.get('ExitCode')})")
+
+    def _url(self, path: str) -> str | None:
+        if self.base_url is None:
+            ports = self.container.attrs.get("NetworkSettings", {}).get("Ports") or {}
+            bound = ports.get(f"{self.stack.manifest.serve.port}/tcp") or []
+            if not bound:
+                return None
+            self.base_url = f"http://127.0.0.1:{bound[0]['HostPort']}"
+        return self.base_url + path
+
+
+class _UrlServer(_Endpoint):
+    """A server the tool did not start: it runs while it answers HTTP at all (any status).
+
+    While it starts, not answering is waiting, not dying: the caller may start the server and
+    the smoke together. The health timeout is the manifest's.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        stack: ResolvedStack,
+        report: SmokeReport,
+        log: Callable[[str], None],
+        server_log: Path | None,
+    ) -> None:
+        super().__init__(stack, report, log)
+        self.root = base_url.rstrip("/")
+        self.base_url = self.root
+        self.server_log = server_log
+        self.ready = False
+        self.last_error = ""
+
+    def wait_ready(self) -> bool:
+        self.ready = super().wait_ready()
+        return self.ready
+
+    def check_alive(self) -> None:
+        if self.ready:  # never answered: "server ready" failed, nothing to say about staying up
+            super().check_alive()
+
+    def _running(self) -> bool:
+        if not self.ready:
+            return True
+        try:
+            requests.get(self.root + "/health", timeout=5)
+        except requests.RequestException as exc:
+            self.last_error = f"{exc.__class__.__name__}: {exc}"[:300]
+            return False
+        return True
+
+    def _record_death(self, when: str) -> None:
+        self.died = True
+        tail = _file_tail(self.server_log)
+        detail = f"server stopped answering {when}: {self.last_error or 'no HTTP answer'}"
+        if tail:
+            detail += f"; last log line: {tail[-1][:200]}\n" + "\n".join(tail)
+        self.report.add(CHECK_UP, False, detail)
+        self.log(f"smoke: server at {self.root} stopped answering {when}")
+
+    def _url(self, path: str) -> str | None:
+        return self.root + path
+
+
 # --- HTTP --------------------------------------------------------------------------------------
 
 
@@ -533,7 +720,7 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def _log_text(container: Any) -> str:
+def _log_text(container: Container) -> str:
     try:
         raw = container.logs(stdout=True, stderr=True)
     except Exception as exc:  # the log is evidence, never a reason to lose the report
@@ -541,39 +728,48 @@ def _log_text(container: Any) -> str:
     return bytes(raw).decode("utf-8", errors="replace")
 
 
-def _collect_log(container: Any, report: SmokeReport, report_path: Path) -> None:
+def _collect_log(container: Container, report: SmokeReport, report_path: Path) -> None:
     """Keep the whole log beside the report, and fail on any JIT compile line in it."""
     text = _log_text(container)
     path = server_log_path(report_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_atomic(path, text)
     report.server_log = str(path)
-    lines = [m.group(0) for m in JIT_LINE.finditer(text)]
-    detail = f"{len(lines)} ninja/nvcc lines, first: {lines[0][:300]}" if lines else "none"
-    report.add(CHECK_JIT, not lines, detail)
+    judge_compiles(report, text)
+
+
+def judge_compiles(report: SmokeReport, text: str) -> CompileFindings:
+    """Name every runtime compile in the log; fail on the kinds the image promised to hold."""
+    findings = find_compiles(text)
+    report.runtime_compiles = findings.to_json()
+    report.add(CHECK_JIT, not findings.failing, findings.detail())
+    return findings
+
+
+def _file_tail(path: Path | None) -> list[str]:
+    if path is None or not path.is_file():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    return [line for line in lines if line.strip()][-LOG_TAIL_LINES:]
 
 
 def server_log_path(report_path: Path) -> Path:
     return report_path.with_name(report_path.stem + ".server.log")
 
 
-def _remove(container: Any) -> None:
-    from docker.errors import DockerException
-
-    with contextlib.suppress(DockerException):  # already gone: nothing left to clean up
+def _remove(container: Container) -> None:
+    with contextlib.suppress(EngineError):  # already gone: nothing left to clean up
         container.remove(force=True)
 
 
-def _remove_named(api: Any, name: str) -> None:
-    from docker.errors import DockerException
-
-    with contextlib.suppress(DockerException):
-        _remove(api.containers.get(name))
+def _remove_named(engine: Engine, name: str) -> None:
+    with contextlib.suppress(EngineError):
+        container = engine.container(name)
+        if container is not None:
+            _remove(container)
 
 
 def _write_report(report: SmokeReport, report_path: Path) -> None:
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    write_atomic(report_path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
 
 
 def format_table(report: SmokeReport) -> str:
@@ -590,8 +786,37 @@ def format_table(report: SmokeReport) -> str:
         f" | single-stream {_num(report.single_stream_tok_s, 'tok/s')}"
         f" | batched {_num(report.batched_tok_s, 'tok/s')} at {report.concurrency} concurrent"
     )
+    lines += _compile_lines(report)
     lines.append(f"  report {report.report_path}; server log {report.server_log}")
     return "\n".join(lines)
+
+
+def _compile_lines(report: SmokeReport) -> list[str]:
+    """Runtime compiles by kind: every kind the knowledge file knows, found or not."""
+    if report.runtime_compiles is None:
+        return ["  runtime compiles: not judged (no server log; give one with --server-log FILE)"]
+    found = {k["kind"]: k for k in report.runtime_compiles.get("kinds", [])}
+    lines = ["  runtime compiles in the server log:"]
+    for kind in compile_kinds():
+        item = found.get(kind)
+        if item is None:
+            text = "none"
+        else:
+            names = ", ".join(item["names"][:4]) + (" ..." if len(item["names"]) > 4 else "")
+            text = f"{item['compiles']} compile(s)" + (f" ({names})" if names else "")
+            if item["loads"]:
+                text += f", {item['loads']} cache load(s)"
+            seconds = item["total_seconds"] or item["compile_seconds"]
+            if seconds:
+                text += f", {seconds:.1f} s by the log"
+        flag = "FAIL" if item and item["failing"] else "    "
+        lines.append(f"  {flag}    {kind:<14} {text}")
+    if report.target == "url":
+        needed = " ".join(
+            f"{k}={v}" for e in compile_kinds().values() for k, v in e.visible_with.items()
+        )
+        lines.append(f"  (a server started by hand shows every kind only with {needed})")
+    return lines
 
 
 def _condensed(checks: list[Check]) -> list[Check]:
@@ -629,13 +854,17 @@ __all__ = [
     "CHECK_START",
     "CHECK_TTFT",
     "CHECK_UP",
+    "AfterSmoke",
     "Check",
     "Completion",
+    "LiveServer",
     "SmokeReport",
     "format_table",
     "gpu_available",
     "gpu_gate",
     "gpu_missing_reason",
+    "judge_compiles",
     "run_smoke",
+    "run_smoke_url",
     "server_log_path",
 ]

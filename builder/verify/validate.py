@@ -12,6 +12,7 @@ import glob
 import json
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +21,21 @@ import certifi
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.image.build import find_image
+from builder.image.engine import ContainerSpec, Engine
 from builder.image.names import HASH_CHARS, local_ref
 from builder.image.records import load_record, save_record
 from builder.lock.lockfile import Lock
-from builder.render.context import render
+from builder.render.context import RenderedContext
 from builder.spec.resolve import ResolvedStack
 from builder.verify.expectations import expectations
 from builder.verify.report import CacheRow, CheckResult, TestReport
 
+#: Runs the smoke prompt on an image (ref, report folder): its JSON report, or why it was skipped.
+SmokeRunner = Callable[[str, Path], dict[str, Any] | str]
+
 
 def run_static_checks(
-    api: Any,
+    engine: Engine,
     stack: ResolvedStack,
     image_ref: str,
     content_hash: str,
@@ -39,20 +44,24 @@ def run_static_checks(
     proxy_ca: Path | None = None,
 ) -> list[CheckResult]:
     expect = expectations(stack, content_hash, lock).to_json()
-    inspect = api.images.get(image_ref).attrs
+    image = engine.image(image_ref)
+    if image is None:
+        raise StackError(f"there is no image {image_ref} to check")
+    inspect = image.attrs
     # Kept beside the report, so a failed check can be replayed by hand.
-    (workdir / "expectations.json").write_text(json.dumps(expect, indent=2))
-    (workdir / "inspect.json").write_text(json.dumps(inspect))
+    write_atomic(workdir / "expectations.json", json.dumps(expect, indent=2))
+    write_atomic(workdir / "inspect.json", json.dumps(inspect))
     from builder.verify.run_checks import CheckInputs, run_checks  # pytest: only when checking
 
     inputs = CheckInputs(expect, inspect, proxy_ca_lines(proxy_ca))
-    container = api.containers.run(
-        image_ref,
-        entrypoint=["sleep"],
-        command=["infinity"],
-        detach=True,
-        name=f"sm120-check-{stack.name}-{uuid.uuid4().hex[:8]}",
-        network_mode="none",
+    container = engine.run(
+        ContainerSpec(
+            image=image_ref,
+            entrypoint=("sleep",),
+            command=("infinity",),
+            name=f"sm120-check-{stack.name}-{uuid.uuid4().hex[:8]}",
+            network_mode="none",
+        )
     )
     try:
         return run_checks(inputs, f"docker://{container.id}", workdir)
@@ -60,12 +69,12 @@ def run_static_checks(
         container.remove(force=True)
 
 
-def cache_table(api: Any, stack: ResolvedStack, image_ref: str) -> list[CacheRow]:
+def cache_table(engine: Engine, stack: ResolvedStack, image_ref: str) -> list[CacheRow]:
     """The JIT-cache verification output of the image's own tool, run in its own environment."""
     if not stack.jit_modules:
         return []
     tool = "/opt/sm120-stacks/tools/flashinfer_jit.py"
-    output = _run_capture(api, image_ref, ["python", tool, "verify", *stack.jit_modules])
+    output = _run_capture(engine, image_ref, ["python", tool, "verify", *stack.jit_modules])
     expected = stack.module_archs()
     rows = []
     for line in output.splitlines():
@@ -87,11 +96,13 @@ def cache_table(api: Any, stack: ResolvedStack, image_ref: str) -> list[CacheRow
     return rows
 
 
-def _run_capture(api: Any, image_ref: str, command: list[str]) -> str:
-    container = api.containers.run(image_ref, command=command, detach=True, network_mode="none")
+def _run_capture(engine: Engine, image_ref: str, command: list[str]) -> str:
+    container = engine.run(
+        ContainerSpec(image=image_ref, command=tuple(command), network_mode="none")
+    )
     try:
         container.wait(timeout=600)
-        return str(container.logs(stdout=True, stderr=False).decode())
+        return container.logs(stdout=True, stderr=False).decode()
     finally:
         container.remove(force=True)
 
@@ -126,17 +137,17 @@ def proxy_ca_lines(bundle: Path | None, public: str | None = None) -> list[str]:
 
 
 def validate(
-    api: Any,
+    engine: Engine,
     stack: ResolvedStack,
+    rendered: RenderedContext,
     build_dir: Path,
     proxy_ca: Path | None = None,
-    smoke: Any = None,
+    smoke: SmokeRunner | None = None,
 ) -> TestReport:
     """Static checks and cache table now; `smoke` (a callable) adds the smoke prompt result."""
-    rendered = render(stack)
     content_hash = rendered.content_hash()
     image_ref = local_ref(stack.name, content_hash)
-    if find_image(api, image_ref, content_hash) is None:
+    if find_image(engine, image_ref, content_hash) is None:
         raise StackError(
             f"no image of {stack.name} at its current content hash ({image_ref})",
             hint=f"build it first: sm120-stacks build {stack.name} (make stack STACK={stack.name})",
@@ -146,9 +157,9 @@ def validate(
     stack_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sm120-checks-") as scratch:
         report.checks = run_static_checks(
-            api, stack, image_ref, content_hash, rendered.lock, Path(scratch), proxy_ca
+            engine, stack, image_ref, content_hash, rendered.lock, Path(scratch), proxy_ca
         )
-    report.jit_cache = cache_table(api, stack, image_ref)
+    report.jit_cache = cache_table(engine, stack, image_ref)
     if smoke is not None:
         outcome = smoke(image_ref, stack_dir)
         if isinstance(outcome, str):

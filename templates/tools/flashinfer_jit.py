@@ -61,10 +61,23 @@ def import_flashinfer() -> bool:
 def spec_for(name: str) -> Any:  # a flashinfer.jit.core.JitSpec
     entry = TABLE[name]
     module_name, function = entry["generator"].split(":")
-    spec = getattr(importlib.import_module(module_name), function)(*entry.get("args", []))
+    args = [generator_arg(arg) for arg in entry.get("args", [])]
+    spec = getattr(importlib.import_module(module_name), function)(*args)
     if spec.name != name:
         raise SystemExit(f"flashinfer_jit: {entry['generator']} makes {spec.name!r}, not {name!r}")
     return spec
+
+
+def generator_arg(value: Any) -> Any:
+    """A generator argument from the table: "torch.bfloat16" is that dtype, the rest as is."""
+    if isinstance(value, str) and value.startswith("torch."):
+        import torch
+
+        dtype = getattr(torch, value.removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise SystemExit(f"flashinfer_jit: {value!r} is not a torch dtype")
+        return dtype
+    return value
 
 
 def check_names(names: list[str]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from builder import REPO_ROOT
+from builder.image.docker_engine import DockerEngine
 from builder.image.names import local_ref, moving_ref
 from builder.image.registry import REGISTRY_ENV, Registry
 from builder.render.context import render
@@ -32,10 +33,17 @@ WRONG = "The capital of Kentucky is Louisville."
 
 
 @pytest.fixture(scope="session")
-def api() -> Any:
-    from builder.image.engine import engine_api
+def engine() -> DockerEngine:
+    """The engine as the tool sees it (what builder functions take)."""
+    from builder.image.docker_engine import connect_engine
 
-    return engine_api()
+    return connect_engine()
+
+
+@pytest.fixture(scope="session")
+def api(engine: DockerEngine) -> Any:
+    """The docker SDK client behind it, for setting up and inspecting what the tool did."""
+    return engine.sdk
 
 
 @pytest.fixture(scope="session")

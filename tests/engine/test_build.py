@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from typing import IO, Any
 
 import pytest
 
+from builder import REPO_ROOT
+from builder.image.docker_engine import DockerEngine
 from builder.image.names import content_tag, local_ref, moving_ref
 from builder.render.context import render
 from builder.spec.resolve import resolve
@@ -222,13 +225,16 @@ def _assert_absent(chunks: Iterator[bytes], needles: list[str]) -> int:
     return scanned
 
 
-def test_a_moved_base_tag_is_noticed(ci_mini: dict[str, str], api: Any, workspace: Path) -> None:
+def test_a_moved_base_tag_is_noticed(
+    ci_mini: dict[str, str], engine: DockerEngine, workspace: Path
+) -> None:
     """A base rebuilt under the same tag must not leave the old image 'up to date'."""
     from builder.image.build import _bases_moved, local_base_ids
 
     stack = resolve("ci-mini", workspace / "stacks")
-    image = api.images.get(ci_mini["ref"])
-    current = local_base_ids(api, stack)
+    image = engine.image(ci_mini["ref"])
+    assert image is not None
+    current = local_base_ids(engine, stack)
     assert current, "the local base should be known to the engine"
     assert not _bases_moved(image, current)
     assert _bases_moved(image, dict.fromkeys(current, "sha256:" + "0" * 64))
@@ -265,3 +271,30 @@ def test_patches_apply_inside_the_image(
     ).decode()
     assert "# patched by sm120-stacks engine test" in output
     assert f"{digest}  ninja-marker.patch" in output
+
+
+def test_a_base_that_cannot_be_pulled_is_named_with_the_remedies(tmp_path: Path) -> None:
+    """ci-mini FROM an image no registry can serve, built as `sm120-stacks build` builds it:
+    BuildKit's resolver error becomes one naming the image and the ways to build anyway.
+    Nothing is pulled, so this needs no base image and takes seconds."""
+    shutil.copytree(REPO_ROOT / "stacks", tmp_path / "stacks")
+    (tmp_path / "patches").symlink_to(REPO_ROOT / "patches")
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "wheels").symlink_to(REPO_ROOT / "build" / "wheels")
+    unpullable = "nonexistent.invalid/nothing"
+    substitute = f"local/cuda={unpullable}"
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "--substitute-base", substitute, "build", "ci-mini"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    error = result.stderr.split("\nerror: ", 1)[-1]
+    assert result.returncode == 2, result.stderr
+    image = f"{unpullable}:13.0.2-devel-bookworm"
+    assert error.startswith(f"the base image {image} of ci-mini cannot be pulled"), error
+    assert "BuildKit: " in error and "nonexistent.invalid" in error.split("BuildKit: ")[1]
+    assert f"--substitute-base {image}=" in error and "SM120_STACKS_BASE_SUBSTITUTE" in error
+    assert "make base-cuda-local" in error and "make flagship-local STACK=ci-mini" in error
+    assert "Traceback" not in result.stderr

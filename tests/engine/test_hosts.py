@@ -27,8 +27,9 @@ import pytest
 import yaml
 
 from builder import REPO_ROOT
-from builder.hosts.deploy import sdk_run_kwargs
+from builder.hosts.deploy import container_spec
 from builder.hosts.pins import LABEL_HOST, load_pin
+from builder.image.docker_engine import run_kwargs
 from builder.image.names import content_tag, local_ref, moving_ref
 from builder.image.records import load_record, save_record
 from builder.image.registry import Registry
@@ -205,7 +206,7 @@ def _run_changed(api: Any, deployed: dict[str, Any], **changes: Any) -> None:
     """Replace the pinned container by one with the same settings except `changes`."""
     pin = deployed["pin"]
     api.containers.get(pin.container).remove(force=True)
-    kwargs = sdk_run_kwargs(pin)
+    kwargs = run_kwargs(container_spec(pin))
     kwargs.update(changes)
     api.containers.run(**kwargs)
 
@@ -364,3 +365,40 @@ def test_doctor_on_a_machine_without_gpu_says_so(cli_process: Callable[..., Any]
     assert "FAIL  gpu: this machine has no NVIDIA GPU (nvidia-smi is not on PATH)" in result.stdout
     assert "fix: install the NVIDIA driver >= 580.65.06" in result.stdout
     assert "FAIL  runtime: no NVIDIA container runtime" in result.stdout
+
+
+def test_apply_on_a_fresh_host_makes_the_folders_the_pin_writes_to(
+    deployed: dict[str, Any],
+    workspace: Path,
+    cli_process: Callable[..., Any],
+    api: Any,
+    tmp_path: Path,
+) -> None:
+    """A fresh host has no /var/lib/sm120-stacks/models yet: the engine refused the bind mount
+    (400 ... bind source path does not exist). deploy --apply makes the pin's read-write bind
+    folders first; the container then starts."""
+    from builder.hosts.pins import Volume, write_pin
+
+    fresh = tmp_path / "fresh" / "var" / "lib" / "sm120-stacks" / "models"
+    host = "hosts-e2e-fresh"
+    pin = deployed["pin"].model_copy(
+        update={
+            "host": host,
+            "container": f"sm120-stacks-{host}",
+            "ports": [],
+            "volumes": [Volume(source=str(fresh), target="/models")],
+        }
+    )
+    write_pin(workspace / "hosts", pin)
+    try:
+        result = cli_process("deploy", host, "--apply", check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"created {fresh}" in result.stdout
+        assert f"started {pin.container}" in result.stdout
+        assert fresh.is_dir()
+        mounts = api.containers.get(pin.container).attrs["Mounts"]
+        assert [(m["Source"], m["Destination"]) for m in mounts] == [(str(fresh), "/models")]
+    finally:
+        for container in api.containers.list(all=True, filters={"label": f"{LABEL_HOST}={host}"}):
+            container.remove(force=True)
+        (workspace / "hosts" / f"{host}.yaml").unlink(missing_ok=True)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from builder.errors import StackError, ToolMissing
+from builder.image.docker_engine import DockerEngine
 from builder.image.names import content_tag, moving_ref
 from builder.image.registry import Registry, has_image, push, repo_digest
 
@@ -23,12 +24,16 @@ def test_push_refuses_untested_image_without_force(
 
 
 def test_push_remove_then_pull_or_build_pulls_without_building(
-    ci_mini: dict[str, str], registry: Registry, cli_process: Callable[..., Any], api: Any
+    ci_mini: dict[str, str],
+    registry: Registry,
+    cli_process: Callable[..., Any],
+    api: Any,
+    engine: DockerEngine,
 ) -> None:
     pushed = cli_process("push", "ci-mini", "--registry", registry.host, "--force")
     digest_ref = pushed.stdout.strip()
     assert digest_ref.startswith(f"{registry.repository}@sha256:")
-    assert has_image(api, registry, "ci-mini", ci_mini["hash"])
+    assert has_image(engine, registry, "ci-mini", ci_mini["hash"])
     # The moving tag reached the registry too, as the same image.
     moving = api.api.inspect_distribution(registry.ref("ci-mini"))
     assert f"{registry.repository}@{moving['Descriptor']['digest']}" == digest_ref
@@ -42,19 +47,23 @@ def test_push_remove_then_pull_or_build_pulls_without_building(
         api.images.remove(ref)
     result = cli_process("build", "ci-mini", "--pull-or-build", "--registry", registry.host)
     assert "pulled" in result.stdout and "building" not in result.stdout
-    pulled = api.images.get(ci_mini["ref"])
-    assert pulled.id == image_id
+    pulled = engine.image(ci_mini["ref"])
+    assert pulled is not None and pulled.id == image_id
     assert repo_digest(pulled, registry) == digest_ref
 
 
-def test_pull_of_an_unknown_content_hash_fails_clearly(registry: Registry, api: Any) -> None:
-    assert not has_image(api, registry, "ci-mini", "0" * 64)
+def test_pull_of_an_unknown_content_hash_fails_clearly(
+    registry: Registry, engine: DockerEngine
+) -> None:
+    assert not has_image(engine, registry, "ci-mini", "0" * 64)
 
 
-def test_unreachable_registry_is_a_clear_error(ci_mini: dict[str, str], api: Any) -> None:
+def test_unreachable_registry_is_a_clear_error(
+    ci_mini: dict[str, str], engine: DockerEngine
+) -> None:
     nowhere = Registry.parse("127.0.0.1:5999")
     with pytest.raises(ToolMissing, match="registry 127.0.0.1:5999 is unreachable"):
-        push(api, nowhere, ci_mini["ref"], "ci-mini", ci_mini["hash"])
+        push(engine, nowhere, ci_mini["ref"], "ci-mini", ci_mini["hash"])
 
 
 @pytest.mark.parametrize("bad", ["http://x", "host:port", "host/UPPER", "a/../b", "-x"])

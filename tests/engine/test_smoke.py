@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from builder.errors import ToolMissing
-from builder.image.engine import engine_api
+from builder.image.docker_engine import DockerEngine, connect_engine
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.verify.smoke import (
     CHECK_ANSWER,
@@ -64,7 +64,7 @@ def smoke(
 ) -> SmokeReport:
     mounts = {str(model): MODEL_PATH, **(extra_mounts or {})}
     return run_smoke(
-        api,
+        DockerEngine(api),
         ci_mini["ref"],
         stack,
         mounts=mounts,
@@ -200,7 +200,7 @@ def kill_when_held(earlier: set[str], killed: threading.Event) -> None:
     then fails (409), which once ended this thread before it killed anything."""
     from docker.errors import APIError
 
-    own = engine_api()
+    own = connect_engine().sdk
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
         for container in own.containers.list(filters=SMOKE_LABEL):
@@ -241,23 +241,23 @@ def test_a_kernel_compile_in_the_server_log_fails(
     assert "norm.cu" in report.failed()[0].detail
 
 
-def test_gpu_smoke_is_skipped_here_unless_required(api: Any) -> None:
-    if gpu_available(api):
+def test_gpu_smoke_is_skipped_here_unless_required(engine: DockerEngine) -> None:
+    if gpu_available(engine):
         pytest.skip("this host has a GPU and a GPU-capable engine")
-    message = gpu_gate(api, require_gpu=False)
+    message = gpu_gate(engine, require_gpu=False)
     assert message is not None and message.startswith("GPU smoke skipped: no NVIDIA GPU")
     with pytest.raises(ToolMissing, match="required"):
-        gpu_gate(api, require_gpu=True)
+        gpu_gate(engine, require_gpu=True)
 
 
 def test_a_gpu_request_reaches_the_engine(
-    api: Any, ci_mini: dict[str, str], smoke_stack: ResolvedStack, tmp_path: Path
+    engine: DockerEngine, ci_mini: dict[str, str], smoke_stack: ResolvedStack, tmp_path: Path
 ) -> None:
     """gpu=True really asks the engine for GPUs: here the engine refuses, and that is a failure."""
-    if gpu_available(api):
+    if gpu_available(engine):
         pytest.skip("this host has a GPU and a GPU-capable engine")
     report = run_smoke(
-        api,
+        engine,
         ci_mini["ref"],
         smoke_stack,
         mounts={},

@@ -56,7 +56,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.12-8712020ecce4,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.12-a85c5332e7f3,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling fp4_gemm_cutlass_sm120 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \
@@ -85,6 +85,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     MAX_JOBS=2
 ENV HF_HOME="/models/hf" \
     TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas" \
-    VLLM_ENABLE_CUDA_COMPATIBILITY="0"
+    VLLM_ENABLE_CUDA_COMPATIBILITY="0" \
+    VLLM_USE_FLASHINFER_SAMPLER="0"
 EXPOSE 8000
 CMD ["vllm", "serve", "nvidia/NVIDIA-Nemotron-Labs-3-Puzzle-75B-A9B-NVFP4", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "nemotron-3-puzzle-75b", "--moe-backend", "flashinfer_b12x", "--max-model-len", "32768", "--gpu-memory-utilization", "0.5", "--trust-remote-code"]

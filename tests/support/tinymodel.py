@@ -27,6 +27,14 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SEED = 1234
+#: What the vLLM proof stack (stacks/vllm-0.22-sm90.yaml) asks: its smoke prompts, answered.
+VLLM_QA = (
+    ("What is the capital of France? Answer with one word.", "Paris."),
+    ("What is 17 + 25? Reply with only the number.", "42"),
+    ("What is the capital of Kentucky?", "The capital of Kentucky is Frankfort."),
+)
+#: vLLM's attention kernels want a real head dim: 4 heads of 64 (FlashInfer/FA3 have no 16).
+VLLM_SHAPE = {"hidden_size": 256, "intermediate_size": 512, "heads": 4}
 
 
 def make_tiny_model(
@@ -34,21 +42,30 @@ def make_tiny_model(
     qa: Sequence[tuple[str, str]],
     train_steps: int = 300,
     trained: bool = True,
+    *,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    heads: int = 4,
+    dtype: str | None = None,
 ) -> Path:
     """Write a servable model directory to dest that answers each question of qa greedily.
 
     trained=False keeps the random initial weights (same tokenizer and architecture): the
-    broken-weights case the garbage detector must catch.
+    broken-weights case the garbage detector must catch. dtype ("bfloat16") is what the weights
+    are saved in, after training in float32.
     """
     import torch
 
     torch.manual_seed(SEED)
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer([text for pair in qa for text in pair])
-    model = _model(tokenizer)
+    model = _model(tokenizer, hidden_size, intermediate_size, heads)
     if trained:
         _train(model, tokenizer, qa, train_steps)
         _verify(model, tokenizer, qa)
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
+        model.config.torch_dtype = dtype
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     _world_readable(dest)
@@ -90,17 +107,17 @@ def _tokenizer(texts: list[str]) -> Any:
     )
 
 
-def _model(tokenizer: Any) -> Any:
+def _model(tokenizer: Any, hidden_size: int, intermediate_size: int, heads: int) -> Any:
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in _special_names().items()}
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         max_position_embeddings=256,
         bos_token_id=ids["bos"],
         eos_token_id=ids["eos"],
@@ -180,8 +197,11 @@ if __name__ == "__main__":  # a quick manual check: time one build
     import sys
 
     start = time.monotonic()
-    out = make_tiny_model(
-        Path(sys.argv[1]),
-        [("What is the capital of Kentucky?", "The capital of Kentucky is Frankfort.")],
-    )
+    if sys.argv[1] == "--vllm":  # the sm90 proof stack's model: head dim 64, bf16
+        out = make_tiny_model(Path(sys.argv[2]), VLLM_QA, 400, dtype="bfloat16", **VLLM_SHAPE)
+    else:
+        out = make_tiny_model(
+            Path(sys.argv[1]),
+            [("What is the capital of Kentucky?", "The capital of Kentucky is Frankfort.")],
+        )
     print(out, f"{time.monotonic() - start:.1f}s")

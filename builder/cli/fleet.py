@@ -1,0 +1,140 @@
+"""`deploy --all` and `verify --all`: every pinned host, each on the engine its pin names.
+
+The commands themselves are `deploy` and `verify` (builder.cli.hosts); this module holds what
+they do for the whole fleet, so the per-host paths stay as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from builder.cli.app import Settings, out
+from builder.errors import StackError
+from builder.hosts import remote
+from builder.hosts.drift import Report
+from builder.hosts.drift import verify as verify_host
+from builder.hosts.fleet import (
+    OK,
+    Fleet,
+    Gate,
+    HostResult,
+    both,
+    drift_rows,
+    health_gate,
+    roll,
+    smoke_gate,
+)
+from builder.hosts.hostcheck import gather
+from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
+from builder.spec.resolve import ResolvedStack
+
+EXIT_FAILED = 1
+
+
+def all_pins(hosts_dir: Path) -> list[Pin]:
+    hosts = pinned_hosts(hosts_dir)
+    if not hosts:
+        raise StackError(
+            f"no host pins in {hosts_dir}",
+            hint="pin a host first: sm120-stacks pin HOST STACK",
+        )
+    return [load_pin(hosts_dir, host) for host in hosts]
+
+
+def one_report(pin: Pin) -> Report:
+    """verify for one pin, on its own engine, its prerequisites read on that host."""
+    engine, why = remote.try_connect(pin)
+    return verify_host(pin, engine, why, gather(engine, why, remote.probe(pin)))
+
+
+def verify_all(hosts_dir: Path, as_json: bool) -> None:
+    """Drift of every pinned host in one table; exit 1 when any host drifts."""
+    reports = [(pin, remote.describe(pin), one_report(pin)) for pin in all_pins(hosts_dir)]
+    if as_json:
+        click.echo(json.dumps([report.to_json() for _, _, report in reports], indent=2))
+    else:
+        table = Table("host", "engine", "stack", "image", "status", "drifts")
+        for row in drift_rows(reports):
+            table.add_row(*row.values())
+        out.print(table)
+        for pin, _, report in reports:
+            for drift in report.drifts:
+                click.echo(f"{pin.host}: DRIFT {drift.name}: {drift.detail}")
+        drifted = sum(bool(report.drifts) for _, _, report in reports)
+        click.echo(
+            f"{drifted} of {len(reports)} host(s) drift" if drifted else "no drift on any host"
+        )
+    if any(report.drifts for _, _, report in reports):
+        sys.exit(EXIT_FAILED)
+
+
+def deploy_all(
+    settings: Settings,
+    hosts_dir: Path,
+    out_dir: Path,
+    apply_now: bool,
+    smoke: bool,
+    timeout_s: float | None,
+    as_json: bool,
+) -> None:
+    """Render every host's files; with apply_now, roll them one host at a time (builder.hosts.
+    fleet), stopping at the first failure; exit 1 then."""
+    from builder.hosts.deploy import write_files
+
+    pins = all_pins(hosts_dir)
+    for pin in pins:
+        for path in write_files(pin, out_dir / pin.host):
+            click.echo(path, err=as_json)
+    if not apply_now:
+        return
+    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+    gate: Gate = health_gate(remote.server_url, timeout_s)
+    if smoke:
+        report_dir = settings.build_dir / "fleet" / "smoke"
+        gate = both(gate, smoke_gate(remote.server_url, _stack_of(settings), report_dir, say))
+    fleet = Fleet(
+        connect=remote.connect,
+        gate=gate,
+        previous=lambda host: load_previous_pin(hosts_dir, host),
+        describe=remote.describe,
+        log=say,
+    )
+    results = roll(pins, fleet)
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        _print_results(results)
+    if any(r.status != OK for r in results):
+        sys.exit(EXIT_FAILED)
+
+
+def _stack_of(settings: Settings) -> Callable[[str], ResolvedStack | None]:
+    def find(name: str) -> ResolvedStack | None:
+        if not (settings.stacks_dir / f"{name}.yaml").is_file():
+            return None
+        return settings.resolve(name)
+
+    return find
+
+
+def _print_results(results: list[HostResult]) -> None:
+    table = Table("host", "engine", "image", "status", "detail")
+    for r in results:
+        detail = r.detail if r.rollback is None else f"{r.detail}\nrollback: {r.rollback}"
+        table.add_row(r.host, r.engine, r.image.rsplit("@", 1)[-1][:19], r.status, detail)
+    out.print(table)
+    failed = [r for r in results if r.status not in (OK, "not reached")]
+    if failed:
+        r = failed[0]
+        click.echo(
+            f"the roll stopped at {r.host} ({r.status}); its pin still names {r.image}: fix it "
+            f"(pin {r.host} again) and deploy again; `verify --all` shows what runs where"
+        )
+    else:
+        click.echo(f"rolled {len(results)} host(s), every gate passed")

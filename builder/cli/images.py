@@ -1,0 +1,202 @@
+"""Commands that make and move images: build, push, pull."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from builder.cli.app import (
+    Settings,
+    ca_bundle_option,
+    cli,
+    engine_option,
+    pass_settings,
+    user_errors,
+)
+from builder.errors import StackError
+from builder.image.build import BuildOptions, build_stack
+from builder.image.buildcache import CacheSettings, registry_cache
+from builder.image.buildclient import detect_build_client
+from builder.image.cabundle import resolve_ca_bundle
+from builder.image.distribute import pull_stack, push_stack, registry_has_current
+from builder.image.docker_engine import connect_engine
+from builder.image.registry import Registry
+
+#: How long a second build of a stack waits for the first: longer than the longest cold build
+#: measured (vllm-0.17-flashinfer-cutlass, 69 min on 2 cores), with room for a slower machine.
+BUILD_WAIT_S = 6 * 3600
+
+registry_option = click.option(
+    "--registry",
+    envvar="SM120_STACKS_REGISTRY",
+    metavar="HOST[:PORT][/NAMESPACE]",
+    help="Registry to push to / pull from (env SM120_STACKS_REGISTRY).",
+)
+
+
+@cli.command()
+@click.argument("stack")
+@click.option(
+    "--pull-or-build",
+    is_flag=True,
+    help="Pull the image of this exact content hash when the registry has it.",
+)
+@registry_option
+@click.option("--network", default="host", show_default=True, help="Network for RUN steps.")
+@ca_bundle_option
+@click.option(
+    "--hf-token-file",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    envvar="SM120_STACKS_HF_TOKEN_FILE",
+    help="Hugging Face token, as a secret.",
+)
+@click.option(
+    "--max-jobs",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Compile jobs for the JIT cache (default: the manifest's).",
+)
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Rebuild every layer. BuildKit also hands such a build fresh cache mounts, so FlashInfer "
+    "compiles start from nothing and later builds see the new mount, not the old one.",
+)
+@click.option(
+    "--cache-from-registry",
+    "cache_registry",
+    envvar="SM120_STACKS_CACHE_REGISTRY",
+    metavar="HOST[:PORT][/NAMESPACE]",
+    help="Reuse the layers of this stack's images in that registry (its content and moving "
+    "tags, and those of the stacks it extends) where their build steps match: a fresh machine "
+    "skips what another one built and pushed, FlashInfer compiles included. With "
+    "--pull-or-build, --registry is used when this is not given (env "
+    "SM120_STACKS_CACHE_REGISTRY).",
+)
+@click.option(
+    "--cache-to-registry",
+    "cache_export",
+    is_flag=True,
+    help="Also write every stage's layers to a cache image there (STACK's buildcache- tag, "
+    "mode=max): needs buildx with a builder that exports cache (docker buildx create --use).",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.IntRange(0, None),
+    default=BUILD_WAIT_S,
+    show_default=True,
+    envvar="SM120_STACKS_BUILD_WAIT",
+    metavar="SECONDS",
+    help="While another build of this stack runs, wait this long for it (then use its image "
+    "when it built this content hash) before failing; 0: fail at once (env "
+    "SM120_STACKS_BUILD_WAIT).",
+)
+@engine_option
+@pass_settings
+@user_errors
+def build(
+    settings: Settings,
+    stack: str,
+    pull_or_build: bool,
+    registry: str | None,
+    network: str,
+    ca_bundle: str | None,
+    hf_token_file: Path | None,
+    max_jobs: int | None,
+    no_cache: bool,
+    cache_registry: str | None,
+    cache_export: bool,
+    wait_s: int,
+) -> None:
+    """Build the stack's image (nothing happens when its content hash is already built).
+
+    --engine (or DOCKER_HOST) builds on another engine, ssh://USER@HOST included: the build
+    context goes there, the image stays there, and `push` with the same --engine pushes it
+    from there.
+    """
+    proxy_ca = resolve_ca_bundle(ca_bundle)
+    resolved = settings.checked(stack)
+    rendered = settings.render(resolved)
+    if cache_export and not cache_registry and not (pull_or_build and registry):
+        raise StackError(
+            "--cache-to-registry needs a registry",
+            key="--cache-to-registry",
+            hint="give --cache-from-registry HOST[:PORT][/NAMESPACE]",
+        )
+    engine = connect_engine()
+    if pull_or_build:
+        target = Registry.parse(registry)
+        if registry_has_current(rendered, engine, target):
+            ref = pull_stack(rendered, settings.build_dir, engine, target)
+            click.echo(f"pulled {ref} from {target.repository}")
+            return
+        click.echo(f"{target.repository} has no image of this content hash; building")
+    client = detect_build_client()
+    if cache_export and client.kind != "buildx":
+        raise StackError(
+            f"--cache-to-registry needs buildx; this machine builds with {client.describe()}",
+            key="--cache-to-registry",
+            hint="install the buildx plugin and `docker buildx create --use`, or leave the option "
+            "off: the inline cache in every pushed image still seeds other machines' builds",
+        )
+    source = cache_registry or (registry if pull_or_build else None)
+    cache = CacheSettings()
+    if source:
+        cache = registry_cache(
+            resolved, rendered.content_hash(), Registry.parse(source), export=cache_export
+        )
+    options = BuildOptions(
+        network=network,
+        ca_bundle=proxy_ca,
+        hf_token_file=hf_token_file,
+        max_jobs=max_jobs,
+        no_cache=no_cache,
+        cache=cache,
+        lock_wait_s=wait_s,
+    )
+    outcome = build_stack(resolved, rendered, settings.build_dir, client, engine, options)
+    if outcome.reused:
+        click.echo(f"up to date: {outcome.image_ref}")
+    else:
+        click.echo(f"built {outcome.image_ref} in {outcome.seconds:.0f}s\n  log: {outcome.log}")
+        if source:
+            click.echo(f"  cache from: {', '.join(cache.sources)}")
+
+
+@cli.command()
+@click.argument("stack")
+@registry_option
+@click.option("--force", is_flag=True, help="Push even when the image's tests did not pass.")
+@engine_option
+@pass_settings
+@user_errors
+def push(settings: Settings, stack: str, registry: str | None, force: bool) -> None:
+    """Push the stack's current image (content tag and moving tag); print its digest."""
+    pushed = push_stack(
+        settings.render(settings.checked(stack)),
+        settings.build_dir,
+        connect_engine(),
+        Registry.parse(registry),
+        force=force,
+    )
+    click.echo(pushed.digest_ref)
+
+
+@cli.command()
+@click.argument("stack")
+@registry_option
+@engine_option
+@pass_settings
+@user_errors
+def pull(settings: Settings, stack: str, registry: str | None) -> None:
+    """Pull the image of the stack's current content hash."""
+    click.echo(
+        pull_stack(
+            settings.render(settings.checked(stack)),
+            settings.build_dir,
+            connect_engine(),
+            Registry.parse(registry),
+        )
+    )

@@ -1,0 +1,282 @@
+"""Every pinned host at once: a rolling, health-gated deploy, and drift across the fleet.
+
+`roll` deploys the hosts one at a time, in name order. After each, a gate must pass before the
+next host is touched: the server answers its health path through its URL, then (where the
+stack's manifest is at hand) the smoke judges its answers there. The first host that fails
+stops the roll, and is put back on its previous pin (hosts/previous/HOST.yaml, kept by `pin`),
+which must pass the same gate; the hosts after it are not touched. A host whose container
+already ran as pinned was not changed, so a failure there stops the roll without a rollback.
+
+The pin files are not rewritten: a host rolled back runs its previous pin while its pin still
+names the new one, and `verify` says so, until the pin is fixed (pin again) and rolled again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from builder.errors import OperationFailed, StackError, ToolMissing
+from builder.hosts.deploy import apply
+from builder.hosts.drift import Report, config_drifts, state_drifts
+from builder.hosts.pins import Pin
+from builder.image.engine import Container, Engine, EngineError
+from builder.spec.resolve import ResolvedStack
+from builder.verify.smoke import run_smoke_url
+
+#: What a host came to: deployed and passed its gate; failed (and what happened after).
+OK = "ok"
+FAILED = "failed"
+ROLLED_BACK = "rolled back"
+NOT_REACHED = "not reached"
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class GateResult:
+    passed: bool
+    detail: str
+
+
+#: Judges a host just deployed: the pin it runs and its engine.
+Gate = Callable[[Pin, Engine], GateResult]
+
+
+@dataclass
+class HostResult:
+    host: str
+    engine: str
+    image: str
+    status: str
+    #: What was done (apply's words) and what the gate said.
+    detail: str = ""
+    #: After a failure: what putting the host back on its previous pin did, and its gate.
+    rollback: str | None = None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {
+            "host": self.host,
+            "engine": self.engine,
+            "image": self.image,
+            "status": self.status,
+            "detail": self.detail,
+            "rollback": self.rollback,
+        }
+
+
+@dataclass
+class Fleet:
+    """How the roll reaches hosts; the CLI's defaults run for real, tests hand in their own."""
+
+    connect: Callable[[Pin], Engine]
+    gate: Gate
+    #: The pin a host had before its current one (None: it never had another).
+    previous: Callable[[str], Pin | None]
+    describe: Callable[[Pin], str] = field(default=lambda pin: pin.engine or "local engine")
+    log: Callable[[str], None] = print
+
+
+def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
+    """Deploy pins one host at a time, gated; stop at the first failure (see the module)."""
+    results: list[HostResult] = []
+    for index, pin in enumerate(pins):
+        result = HostResult(pin.host, fleet.describe(pin), pin.image, FAILED)
+        results.append(result)
+        fleet.log(f"{pin.host}: deploying {pin.stack} {pin.image} on {result.engine}")
+        try:
+            engine = fleet.connect(pin)
+        except (ToolMissing, StackError, OperationFailed) as exc:
+            result.detail = f"engine not reached: {_message(exc)}"
+            fleet.log(f"{pin.host}: FAILED, {result.detail}")
+            _not_reached(pins[index + 1 :], results, fleet)
+            break
+        unchanged = _runs_as_pinned(pin, engine)
+        try:
+            done = apply(pin, engine)
+        except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
+            gate = GateResult(False, f"deploy failed: {_message(exc)}")
+        else:
+            fleet.log(f"{pin.host}: {done}")
+            gate = _judge(fleet, pin, engine)
+            gate = GateResult(gate.passed, f"{done}; {gate.detail}")
+        result.detail = gate.detail
+        if gate.passed:
+            result.status = OK
+            fleet.log(f"{pin.host}: ok ({gate.detail})")
+            continue
+        fleet.log(f"{pin.host}: FAILED: {gate.detail}")
+        if unchanged:
+            result.rollback = "not needed: the host already ran this pin before the roll"
+        else:
+            result.rollback = _roll_back(pin, engine, fleet)
+            result.status = ROLLED_BACK
+        fleet.log(f"{pin.host}: rollback: {result.rollback}")
+        _not_reached(pins[index + 1 :], results, fleet)
+        break
+    return results
+
+
+def _roll_back(pin: Pin, engine: Engine, fleet: Fleet) -> str:
+    try:
+        previous = fleet.previous(pin.host)
+    except StackError as exc:
+        previous, why = None, f"its previous pin is unreadable ({_message(exc)})"
+    else:
+        why = "it has no previous pin"
+    if previous is None:
+        container = _container(engine, pin.container)
+        if container is not None:
+            container.remove(force=True)
+        return f"{why}: its failed container was removed, so nothing serves there now"
+    fleet.log(f"{pin.host}: back to its previous pin, {previous.stack} {previous.image}")
+    try:
+        done = apply(previous, engine)
+    except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
+        return f"FAILED to start the previous pin {previous.image}: {_message(exc)}"
+    gate = _judge(fleet, previous, engine)
+    verdict = "passes its gate" if gate.passed else "FAILS its gate too"
+    return f"{done}; the previous pin ({previous.stack}) {verdict}: {gate.detail}"
+
+
+def _judge(fleet: Fleet, pin: Pin, engine: Engine) -> GateResult:
+    """The gate's verdict; a gate that could not ask (the engine gone, a bad URL) failed."""
+    try:
+        return fleet.gate(pin, engine)
+    except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
+        return GateResult(False, f"the gate could not run: {_message(exc)}")
+
+
+def _not_reached(rest: Sequence[Pin], results: list[HostResult], fleet: Fleet) -> None:
+    for pin in rest:
+        results.append(
+            HostResult(
+                pin.host,
+                fleet.describe(pin),
+                pin.image,
+                NOT_REACHED,
+                "not touched: the roll stopped at an earlier host",
+            )
+        )
+
+
+def _runs_as_pinned(pin: Pin, engine: Engine) -> bool:
+    container = _container(engine, pin.container)
+    if container is None:
+        return False
+    attrs = container.attrs
+    return not state_drifts(attrs) and not config_drifts(pin, engine, attrs)
+
+
+def _container(engine: Engine, name: str) -> Container | None:
+    try:
+        return engine.container(name)
+    except EngineError:
+        return None
+
+
+def _message(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or getattr(exc, "explanation", None) or str(exc)
+    return " ".join(str(text).split())[:400]
+
+
+# --- gates -------------------------------------------------------------------------------------
+
+
+def health_gate(url_of: Callable[[Pin], str], timeout_s: float | None = None) -> Gate:
+    """The server answers 2xx on the pin's health path through its URL, within the pin's start
+    period (or timeout_s); a container that stops or restarts meanwhile fails at once."""
+
+    def gate(pin: Pin, engine: Engine) -> GateResult:
+        try:
+            url = url_of(pin).rstrip("/") + pin.health.path
+        except StackError as exc:
+            return GateResult(False, _message(exc))
+        limit = timeout_s if timeout_s is not None else pin.health.start_period_s
+        began = time.monotonic()
+        last = "no answer yet"
+        while time.monotonic() - began < limit:
+            container = engine.container(pin.container)
+            if container is None:
+                return GateResult(False, f"{pin.container} is gone")
+            stopped = [d for d in state_drifts(container.attrs) if d.name in ("state", "restarts")]
+            if stopped:
+                return GateResult(False, f"{pin.container} {stopped[0].detail}")
+            try:
+                answer = requests.get(url, timeout=5)
+            except requests.RequestException as exc:
+                last = exc.__class__.__name__
+            else:
+                if 200 <= answer.status_code < 300:
+                    waited = time.monotonic() - began
+                    return GateResult(
+                        True, f"{url} answered {answer.status_code} after {waited:.0f} s"
+                    )
+                last = f"HTTP {answer.status_code}"
+            time.sleep(POLL_S)
+        return GateResult(False, f"no 2xx from {url} within {limit:.0f} s (last: {last})")
+
+    return gate
+
+
+def smoke_gate(
+    url_of: Callable[[Pin], str],
+    stack_of: Callable[[str], ResolvedStack | None],
+    report_dir: Path,
+    log: Callable[[str], None] = print,
+) -> Gate:
+    """The stack's smoke (its prompts and their expected answers, its speed floors) against the
+    server's URL (`run_smoke_url`), its report under report_dir. A pin whose stack manifest is
+    not at hand (pins are self-contained; the serving side may have no stacks/) is judged by
+    the health gate alone, and says so."""
+
+    def gate(pin: Pin, engine: Engine) -> GateResult:
+        stack = stack_of(pin.stack)
+        if stack is None:
+            return GateResult(True, f"no smoke: no manifest of {pin.stack} here")
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        report_path = report_dir / f"{pin.host}-{pin.content_hash[:16]}-{stamp}.json"
+        report = run_smoke_url(url_of(pin), stack, report_path=report_path, log=log)
+        if report.passed:
+            return GateResult(True, f"smoke passed ({report_path})")
+        failed = "; ".join(f"{c.name}: {' '.join(c.detail.split())[:160]}" for c in report.failed())
+        return GateResult(False, f"smoke failed: {failed} ({report_path})")
+
+    return gate
+
+
+def both(first: Gate, then: Gate) -> Gate:
+    """first, and then only if it passed."""
+
+    def gate(pin: Pin, engine: Engine) -> GateResult:
+        one = first(pin, engine)
+        if not one.passed:
+            return one
+        two = then(pin, engine)
+        return GateResult(two.passed, f"{one.detail}; {two.detail}")
+
+    return gate
+
+
+# --- drift across the fleet --------------------------------------------------------------------
+
+
+def drift_rows(reports: Sequence[tuple[Pin, str, Report]]) -> list[dict[str, str]]:
+    """One row per host for `verify --all`'s table: engine, stack, image and its drifts."""
+    rows = []
+    for pin, engine, report in reports:
+        names = sorted({d.name for d in report.drifts})
+        rows.append(
+            {
+                "host": pin.host,
+                "engine": engine,
+                "stack": pin.stack,
+                "image": pin.image.rsplit("@", 1)[-1][:19],
+                "status": "DRIFT" if report.drifts else "as pinned",
+                "drifts": ", ".join(names) or "-",
+            }
+        )
+    return rows

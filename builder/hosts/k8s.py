@@ -1,0 +1,236 @@
+"""Pin -> Kubernetes: a Deployment and a Service that run exactly the pinned image.
+
+The same pin as the compose file and the systemd unit, in Kubernetes' terms: the image by
+digest, the serve command as the container's args (the image's entrypoint kept, as `docker run`
+keeps it), `nvidia.com/gpu` = tensor parallel x pipeline parallel GPUs, a node selector on the
+GPU Feature Discovery labels (the product with --gpu-product, else the compute capability the
+stack was built for), the health path as readiness, liveness and startup probe (the startup
+probe allows the pin's start period: a model loads for minutes before liveness counts), and
+/dev/shm as a memory-backed emptyDir of the pin's shared-memory size (the 64 MiB default breaks
+NCCL). The Deployment recreates its pod on change: a rolling update would need a second set of
+GPUs while the first still serves.
+
+Both objects are checked against the Kubernetes schema of knowledge/k8s/schema.json (strict:
+an unknown field is an error) before anything is written; `kubectl apply -f k8s.yaml` is the
+next step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from builder import REPO_ROOT
+from builder.errors import StackError
+from builder.files import write_atomic
+from builder.hosts.deploy import health_test
+from builder.hosts.pins import LABEL_CONTENT, LABEL_HOST, LABEL_STACK, Pin
+
+SCHEMA = REPO_ROOT / "knowledge" / "k8s" / "schema.json"
+FILE = "k8s.yaml"
+GPU_RESOURCE = "nvidia.com/gpu"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
+COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
+CONTAINER = "server"
+PORT_NAME = "http"
+TP_FLAGS = ("--tensor-parallel-size", "-tp")
+PP_FLAGS = ("--pipeline-parallel-size", "-pp")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+class ManifestInvalid(StackError):
+    """A rendered object the Kubernetes schema refuses: a bug here, or a pin value it cannot
+    take (named with its path)."""
+
+
+def object_name(pin: Pin) -> str:
+    """The Deployment's and Service's name: the pin's container name as a DNS-1123 label."""
+    name = re.sub(r"[^a-z0-9-]+", "-", pin.container.lower()).strip("-")
+    return name[:63].rstrip("-")
+
+
+def gpu_count(pin: Pin) -> int:
+    """GPUs the server needs: its tensor-parallel times its pipeline-parallel size."""
+    return _flag(pin.command, TP_FLAGS) * _flag(pin.command, PP_FLAGS)
+
+
+def node_selector(pin: Pin, gpu_product: str | None) -> dict[str, str]:
+    """GPU Feature Discovery labels a node must carry: the product when named, else the
+    compute capability of the stack's one GPU target (several targets: the product is needed)."""
+    if gpu_product is not None:
+        if not _LABEL_VALUE.match(gpu_product) or len(gpu_product) > 63:
+            raise StackError(
+                f"{gpu_product!r} is not a label value",
+                key="--gpu-product",
+                hint="as nodes carry it: kubectl get nodes -L nvidia.com/gpu.product",
+            )
+        return {PRODUCT_LABEL: gpu_product}
+    capabilities = sorted(set(pin.needs.targets.values()))
+    if len(capabilities) != 1:
+        raise StackError(
+            f"{pin.stack} targets several GPUs ({', '.join(capabilities)}): name the nodes' one",
+            key="--gpu-product",
+            hint="kubectl get nodes -L nvidia.com/gpu.product shows the values",
+        )
+    major, minor = capabilities[0].split(".")
+    return {COMPUTE_MAJOR: major, COMPUTE_MINOR: minor}
+
+
+def manifests(pin: Pin, gpu_product: str | None = None) -> list[dict[str, Any]]:
+    """The Deployment and the Service of the pin, checked against the Kubernetes schema."""
+    name = object_name(pin)
+    selector = {"app.kubernetes.io/name": "sm120-stacks", "app.kubernetes.io/instance": name}
+    labels = {**selector, LABEL_HOST: pin.host, LABEL_STACK: pin.stack}
+    annotations = {LABEL_CONTENT: pin.content_hash, "sm120-stacks.image": pin.image}
+    probe = {
+        "httpGet": {"path": pin.health.path, "port": PORT_NAME},
+        "periodSeconds": pin.health.interval_s,
+        "timeoutSeconds": pin.health.timeout_s,
+        "failureThreshold": pin.health.retries,
+    }
+    startup = {
+        **probe,
+        "periodSeconds": 10,
+        "failureThreshold": max(1, -(-pin.health.start_period_s // 10)),
+    }
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": pin.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": list(pin.command),
+        "env": [{"name": key, "value": value} for key, value in pin.env.items()],
+        "ports": [{"name": PORT_NAME, "containerPort": pin.serve_port, "protocol": "TCP"}],
+        "startupProbe": startup,
+        "readinessProbe": probe,
+        "livenessProbe": probe,
+    }
+    pod: dict[str, Any] = {"containers": [container], "restartPolicy": "Always"}
+    if pin.gpus != "none":
+        count = gpu_count(pin)
+        container["resources"] = {"limits": {GPU_RESOURCE: count}}
+        pod["nodeSelector"] = node_selector(pin, gpu_product)
+    mounts, volumes = _volumes(pin)
+    container["volumeMounts"] = mounts
+    pod["volumes"] = volumes
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations},
+                "spec": pod,
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [
+                {
+                    "name": PORT_NAME,
+                    "port": pin.serve_port,
+                    "targetPort": PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+    for document in (deployment, service):
+        check(document)
+    return [deployment, service]
+
+
+def render(pin: Pin, gpu_product: str | None = None) -> str:
+    header = (
+        f"# Rendered by sm120-stacks from hosts/{pin.host}.yaml; edit the pin, not this file.\n"
+        f"# Runs stack {pin.stack} exactly as pinned (by digest): kubectl apply -f {FILE}\n"
+        f"# The health check `docker run` would run: {' '.join(health_test(pin)[1:3])} ...\n"
+    )
+    body = yaml.safe_dump_all(manifests(pin, gpu_product), sort_keys=False, width=200)
+    return header + body
+
+
+def write_k8s(pin: Pin, out_dir: Path, gpu_product: str | None = None) -> Path:
+    path = out_dir / FILE
+    write_atomic(path, render(pin, gpu_product))
+    return path
+
+
+def check(document: dict[str, Any]) -> None:
+    """Validate one object against its kind's schema; ManifestInvalid names the first error."""
+    import jsonschema
+
+    kind = str(document.get("kind"))
+    schema = _schemas().get(kind)
+    if schema is None:
+        raise ManifestInvalid(f"no schema for kind {kind!r} in {SCHEMA}")
+    errors = sorted(
+        jsonschema.Draft202012Validator(schema).iter_errors(document),
+        key=lambda e: list(e.absolute_path),
+    )
+    if errors:
+        first = errors[0]
+        where = ".".join(str(part) for part in first.absolute_path) or "(top)"
+        raise ManifestInvalid(
+            f"the rendered {kind} is not valid Kubernetes ({len(errors)} error(s)); "
+            f"{where}: {first.message[:300]}",
+            file=SCHEMA,
+        )
+
+
+@cache
+def _schemas() -> dict[str, dict[str, Any]]:
+    document = json.loads(SCHEMA.read_text())
+    return {
+        kind: {**schema, "$defs": document["$defs"]} for kind, schema in document["kinds"].items()
+    }
+
+
+def _flag(command: list[str], names: tuple[str, ...]) -> int:
+    value = 1
+    for index, word in enumerate(command):
+        for name in names:
+            if word == name and index + 1 < len(command) and command[index + 1].isdigit():
+                value = int(command[index + 1])
+            elif word.startswith(name + "=") and word.split("=", 1)[1].isdigit():
+                value = int(word.split("=", 1)[1])
+    return value
+
+
+def _volumes(pin: Pin) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """/dev/shm in memory, and the pin's mounts: a host path stays a host path (the model
+    folder of that node), a named volume becomes the PersistentVolumeClaim of that name."""
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(pin.shm_size)}}
+    ]
+    for index, volume in enumerate(pin.volumes):
+        name = f"volume-{index}"
+        mounts.append({"name": name, "mountPath": volume.target, "readOnly": volume.read_only})
+        if volume.source.startswith("/"):
+            kind = "Directory" if volume.read_only else "DirectoryOrCreate"
+            volumes.append({"name": name, "hostPath": {"path": volume.source, "type": kind}})
+        else:
+            claim = {"claimName": volume.source, "readOnly": volume.read_only}
+            volumes.append({"name": name, "persistentVolumeClaim": claim})
+    return mounts, volumes
+
+
+def _quantity(size: str) -> str:
+    """Docker's 16g / 512m / 1024k -> Kubernetes' 16Gi / 512Mi / 1024Ki."""
+    number, unit = re.fullmatch(r"([0-9]+)([kmg]?)", size.lower()).groups()  # type: ignore[union-attr]
+    return number + {"": "", "k": "Ki", "m": "Mi", "g": "Gi"}[unit]

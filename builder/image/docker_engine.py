@@ -1,0 +1,293 @@
+"""The Engine interface over the docker SDK (docker-py 7), and how to reach the engine.
+
+Connecting happens when a command needs the engine, never at import time, and the SDK itself
+is imported only then (this module is imported by every command). Every SDK call runs inside
+`_engine_errors`, so what a step sees is an EngineError with the daemon's own message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from builder.errors import ToolMissing
+from builder.image.address import ENV as ADDRESS_ENV
+from builder.image.address import is_ssh
+from builder.image.engine import (
+    INSTALL_HINT,
+    Container,
+    ContainerSpec,
+    EngineError,
+    EngineNotFound,
+    EngineUnreachable,
+    Image,
+    PortBinding,
+)
+
+#: Engine API timeout: a push or pull of a multi-GB layer is one slow request.
+API_TIMEOUT_S = 600
+NANOSECONDS = 1_000_000_000
+#: The status line a push ends with: "TAG: digest: sha256:... size: N".
+_PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
+
+
+def connect_engine(address: str | None = None) -> DockerEngine:
+    """The engine at address (builder.image.address), else the one DOCKER_HOST (or the local
+    socket) names, once it answered a ping. An ssh:// engine is reached through this machine's
+    ssh client, as the docker CLI reaches it (the user's agent and ~/.ssh/config)."""
+    import docker
+    import requests
+    from docker.errors import DockerException
+
+    where = address or os.environ.get(ADDRESS_ENV) or None
+    try:
+        if address is not None:
+            client = docker.DockerClient(
+                base_url=address, timeout=API_TIMEOUT_S, use_ssh_client=is_ssh(address)
+            )
+        else:
+            client = docker.from_env(timeout=API_TIMEOUT_S, use_ssh_client=is_ssh(where))
+        client.ping()
+    except (DockerException, requests.RequestException, OSError) as exc:
+        at = f" at {where}" if where else ""
+        raise ToolMissing(
+            f"cannot reach a Docker engine{at} ({exc.__class__.__name__}: {str(exc)[:200]})",
+            hint=INSTALL_HINT + "; set DOCKER_HOST (or --engine) if it listens elsewhere",
+        ) from None
+    return DockerEngine(client)
+
+
+def engine_reachable() -> bool:
+    try:
+        connect_engine()
+    except ToolMissing:
+        return False
+    return True
+
+
+def parse_progress_stream(lines: Iterable[Mapping[str, Any]]) -> str:
+    """Read a push or pull progress stream; the digest it names ("" if none).
+
+    The engine answers a push or pull with success as soon as it starts, so whatever fails
+    later (a refused layer, a dropped connection, an auth error from the registry) arrives only
+    as a line of the stream, anywhere in it: every line is checked, and the first error line
+    ends the operation as an EngineError with the registry's message. When the engine said it
+    was retrying before that ("Retrying in 5 seconds"), the error says so (`retried`).
+    """
+    digest = ""
+    retried = False
+    for line in lines:
+        if "error" in line or "errorDetail" in line:
+            detail = line.get("errorDetail")
+            message = detail.get("message") if isinstance(detail, Mapping) else None
+            raise EngineError(str(message or line.get("error") or line), retried=retried)
+        retried = retried or str(line.get("status", "")).startswith("Retrying in ")
+        aux = line.get("aux")
+        if isinstance(aux, Mapping) and aux.get("Digest"):
+            digest = str(aux["Digest"])
+        if match := _PUSHED_DIGEST.search(str(line.get("status", ""))):
+            digest = digest or match.group(1)
+    return digest
+
+
+def run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
+    """The SDK's `containers.run` keywords for spec (detached)."""
+    from docker.types import DeviceRequest
+    from docker.types import Mount as SdkMount
+
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "detach": True,
+        "environment": dict(spec.environment),
+        "labels": dict(spec.labels),
+    }
+    optional = {
+        "command": list(spec.command) if spec.command is not None else None,
+        "entrypoint": list(spec.entrypoint) if spec.entrypoint is not None else None,
+        "name": spec.name,
+        "shm_size": spec.shm_size,
+        "network_mode": spec.network_mode,
+        "restart_policy": {"Name": spec.restart} if spec.restart else None,
+    }
+    kwargs |= {key: value for key, value in optional.items() if value is not None}
+    if spec.ports:
+        kwargs["ports"] = {f"{p.container_port}/tcp": _host_binding(p) for p in spec.ports}
+    if spec.mounts:
+        kwargs["mounts"] = [
+            SdkMount(target=m.target, source=m.source, type=m.kind, read_only=m.read_only)
+            for m in spec.mounts
+        ]
+    if spec.healthcheck is not None:
+        check = spec.healthcheck
+        kwargs["healthcheck"] = {
+            "test": list(check.test),
+            "interval": check.interval_s * NANOSECONDS,
+            "timeout": check.timeout_s * NANOSECONDS,
+            "retries": check.retries,
+            "start_period": check.start_period_s * NANOSECONDS,
+        }
+    if spec.gpus is not None:
+        every = spec.gpus == "all"
+        kwargs["device_requests"] = [
+            DeviceRequest(
+                count=-1 if every else 0,
+                device_ids=None if every else [str(i) for i in spec.gpus],
+                capabilities=[["gpu"]],
+            )
+        ]
+    return kwargs
+
+
+def _host_binding(port: PortBinding) -> tuple[str] | tuple[str, int] | int | None:
+    """The SDK's forms: (ip, port), (ip,) for a free port on ip, port, or None for any."""
+    if port.host_ip:
+        return (port.host_ip,) if port.host_port is None else (port.host_ip, port.host_port)
+    return port.host_port
+
+
+class DockerEngine:
+    """Engine over a docker SDK client."""
+
+    def __init__(self, client: Any) -> None:
+        #: The SDK client, for tests that set up what the interface deliberately cannot.
+        self.sdk = client
+
+    def ping(self) -> None:
+        with _engine_errors():
+            self.sdk.ping()
+
+    def runtimes(self) -> list[str]:
+        with _engine_errors():
+            info = self.sdk.info() or {}
+        return sorted(str(name) for name in info.get("Runtimes") or {})
+
+    def image(self, ref: str) -> Image | None:
+        try:
+            with _engine_errors():
+                found = self.sdk.images.get(ref)
+                return Image(str(found.id), dict(found.attrs))
+        except EngineNotFound:
+            return None
+
+    def tag(self, image: str, ref: str) -> None:
+        from docker.utils import parse_repository_tag
+
+        repository, tag = parse_repository_tag(ref)
+        with _engine_errors():
+            self.sdk.api.tag(image, repository, tag=tag)
+
+    def push(self, repository: str, tag: str) -> str:
+        with _engine_errors():
+            return parse_progress_stream(
+                self.sdk.api.push(repository, tag=tag, stream=True, decode=True)
+            )
+
+    def pull(self, repository: str, tag: str) -> None:
+        with _engine_errors():
+            parse_progress_stream(self.sdk.api.pull(repository, tag=tag, stream=True, decode=True))
+
+    def registry_digest(self, ref: str) -> str:
+        with _engine_errors():
+            answer = self.sdk.api.inspect_distribution(ref)
+        return str(answer["Descriptor"]["digest"])
+
+    def run(self, spec: ContainerSpec) -> Container:
+        with _engine_errors():
+            return DockerContainer(self.sdk.containers.run(**run_kwargs(spec)))
+
+    def container(self, name: str) -> Container | None:
+        try:
+            with _engine_errors():
+                return DockerContainer(self.sdk.containers.get(name))
+        except EngineNotFound:
+            return None
+
+    def containers(self, *, label: str) -> list[Container]:
+        with _engine_errors():
+            found = self.sdk.containers.list(all=True, filters={"label": label})
+        return [DockerContainer(c) for c in found]
+
+
+class DockerContainer:
+    """Container over an SDK container object."""
+
+    def __init__(self, container: Any) -> None:
+        self._container = container
+
+    @property
+    def id(self) -> str:
+        return str(self._container.id)
+
+    @property
+    def name(self) -> str:
+        return str(self._container.name)
+
+    @property
+    def short_id(self) -> str:
+        return str(self._container.short_id)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return dict(self._container.attrs)
+
+    def reload(self) -> None:
+        with _engine_errors():
+            self._container.reload()
+
+    def logs(self, *, stdout: bool = True, stderr: bool = True) -> bytes:
+        with _engine_errors():
+            return bytes(self._container.logs(stdout=stdout, stderr=stderr))
+
+    def wait(self, timeout: float) -> int:
+        with _engine_errors():
+            answer = self._container.wait(timeout=timeout)
+        return int(answer.get("StatusCode", -1))
+
+    def remove(self, *, force: bool = False) -> None:
+        with _engine_errors():
+            self._container.remove(force=force)
+
+    def memory_bytes(self) -> int | None:
+        with _engine_errors():
+            stats = self.sdk_stats()
+        return memory_in_use(stats.get("memory_stats") or {})
+
+    def sdk_stats(self) -> dict[str, Any]:
+        """One sample of the engine's stats (one_shot: without waiting for a second one)."""
+        return dict(self._container.stats(stream=False, one_shot=True) or {})
+
+
+def memory_in_use(memory: Mapping[str, Any]) -> int | None:
+    """Usage less the inactive page cache, as the docker CLI counts it: `total_inactive_file`
+    under cgroup v1, `inactive_file` under v2. None without a usage (a stopped container)."""
+    usage = memory.get("usage")
+    if not isinstance(usage, int):
+        return None
+    stats = memory.get("stats") or {}
+    cache = stats.get("total_inactive_file", stats.get("inactive_file", 0))
+    return usage - cache if isinstance(cache, int) and cache < usage else usage
+
+
+@contextmanager
+def _engine_errors() -> Iterator[None]:
+    """SDK and transport exceptions as EngineError, with the daemon's message alone."""
+    import requests
+    from docker.errors import APIError, DockerException, NotFound
+
+    try:
+        yield
+    except NotFound as exc:
+        raise EngineNotFound(_explanation(exc), status_code=404) from exc
+    except APIError as exc:
+        raise EngineError(_explanation(exc), status_code=exc.status_code) from exc
+    except requests.exceptions.ConnectionError as exc:
+        raise EngineUnreachable(f"the engine's API dropped the connection: {exc}") from exc
+    except (DockerException, requests.exceptions.RequestException) as exc:
+        raise EngineError(f"{exc.__class__.__name__}: {exc}") from exc
+
+
+def _explanation(exc: Any) -> str:
+    return str(exc.explanation or exc)

@@ -1,0 +1,265 @@
+"""`propose`: a new stack from an existing one and upstream releases' own requirements.
+
+The new manifest extends the old stack and overrides only the pins that move (builder.upstream
+.moves works them out); a proposal that drops a pin is a full copy instead, since `extends`
+merges maps and cannot remove a key. It is resolved, checked and locked in a scratch copy of the
+stacks folder; stacks/NEW.yaml and its lock are written only once all of that succeeded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from builder.errors import StackError
+from builder.files import write_atomic
+from builder.lock.lockfile import Lock, RegistryDigests, make_lock, write_lock
+from builder.spec.check import check_stack, violation_error
+from builder.spec.resolve import STACK_NAME, ResolvedStack, deep_merge, resolve
+from builder.spec.substitute import Substitutions
+from builder.spec.yamlsafe import load_yaml
+from builder.upstream.index import IndexClient
+from builder.upstream.moves import Move, plan_moves
+from builder.upstream.ruling import firing, mitigations, retired, stack_rules
+
+
+@dataclass
+class Proposal:
+    name: str
+    base: str
+    moves: list[Move]
+    manifest_text: str
+    #: Rules that fire on the new stack and did not on the old one (only non-blocking ones
+    #: can: a proposal that fails `check` is not written).
+    applies: list[str] = field(default_factory=list)
+    #: The old stack's rules the moves retire (it fired and no longer does, or the new pins are
+    #: at or past its fixed_in, so a mitigation the stack carries can go).
+    retires: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    lock: Lock | None = None
+    written: list[Path] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "from": self.base,
+            "moves": [m.to_json() for m in self.moves],
+            "rules_apply": self.applies,
+            "rules_retire": self.retires,
+            "warnings": self.warnings,
+            "locked_packages": len(self.lock.python.versions()) if self.lock else None,
+            "written": [str(p) for p in self.written],
+        }
+
+
+def parse_sets(values: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """`NAME=VERSION` pairs; an exact version each, a package once."""
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, version = value.partition("=")
+        name, version = name.strip(), version.strip().removeprefix("=")
+        if not sep or not name or not version:
+            raise StackError(f"--set {value!r} is not NAME=VERSION", key="--set")
+        if not STACK_NAME.match(name.lower()):
+            raise StackError(f"--set {value!r}: {name!r} is not a package name", key="--set")
+        try:
+            Version(version)
+        except InvalidVersion:
+            raise StackError(
+                f"--set {value!r}: {version!r} is not an exact version", key="--set"
+            ) from None
+        if canonicalize_name(name) in {canonicalize_name(n) for n in out}:
+            raise StackError(f"--set names {name} twice", key="--set")
+        out[name] = version
+    return out
+
+
+def propose(
+    name: str,
+    base: ResolvedStack,
+    sets: dict[str, str],
+    client: IndexClient,
+    stacks_dir: Path,
+    *,
+    drops: list[str] | None = None,
+    lock: bool = True,
+    engine: RegistryDigests | None = None,
+    substitutions: Substitutions | None = None,
+    command: str = "",
+) -> Proposal:
+    """Work out, check and (unless lock=False) lock the new stack, then write it."""
+    target_path = stacks_dir / f"{name}.yaml"
+    if not STACK_NAME.match(name):
+        raise StackError(f"{name!r} is not a stack name (lowercase letters, digits, . _ -)")
+    if name == base.name:
+        raise StackError(f"the proposed stack must have a new name, not {name!r}")
+    if target_path.exists() or (stacks_dir / f"{name}.lock").exists():
+        raise StackError(
+            f"stacks/{name}.yaml or its lock already exists",
+            file=target_path,
+            hint="choose another name, or delete the old proposal first",
+        )
+    if not sets and not drops:
+        raise StackError("nothing to propose: give --set NAME=VERSION (or --drop NAME)")
+    moves, warnings = plan_moves(base, sets, drops or [], client)
+    if not moves:
+        pins = ", ".join(f"{n} {v}" for n, v in sets.items())
+        raise StackError(f"nothing moves: {base.name} already pins {pins}", key="--set")
+    text = manifest_text(name, base, moves, command)
+    scratch = Path(tempfile.mkdtemp(prefix=f".propose-{name}.", dir=stacks_dir.parent))
+    try:
+        for manifest in stacks_dir.glob("*.yaml"):
+            shutil.copy2(manifest, scratch / manifest.name)
+        (scratch / f"{name}.yaml").write_text(text)
+        try:
+            stack = resolve(name, scratch, substitutions)
+            result = check_stack(stack)
+            if not result.ok:
+                raise violation_error(result)
+            made = make_lock(stack, engine) if lock else None
+            if made is not None:  # the rules again, on what the image would install
+                result = check_stack(stack, made.python.versions())
+                if not result.ok:
+                    raise violation_error(result)
+        except StackError as exc:
+            raise _outside(exc, scratch, target_path, moves) from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    old_rules = stack_rules(base)
+    before = {rule.id for rule in old_rules.firing}
+    after = set(firing(stack, made.python.versions() if made else {}))
+    retiring = before - after
+    for move in moves:
+        if move.new is not None:
+            retiring.update(retired(old_rules, move.package, move.new))
+    for rule in old_rules.quiet:
+        if rule.id in retiring and (settings := mitigations(rule)):
+            warnings.append(
+                f"{rule.id} retires: {', '.join(settings)}, set to work around it, can go "
+                "(review, then edit the proposal)"
+            )
+    proposal = Proposal(
+        name=name,
+        base=base.name,
+        moves=moves,
+        manifest_text=text,
+        applies=sorted(after - before),
+        retires=sorted(retiring - after),
+        warnings=warnings,
+        lock=made,
+    )
+    _write(proposal, target_path)
+    return proposal
+
+
+def _write(proposal: Proposal, target_path: Path) -> None:
+    """The manifest, then the lock; a failure removes whatever of the two was written."""
+    written: list[Path] = []
+    try:
+        write_atomic(target_path, proposal.manifest_text)
+        written.append(target_path)
+        if proposal.lock is not None:
+            path = target_path.with_name(f"{proposal.name}.lock")
+            write_lock(path, proposal.lock)
+            written.append(path)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    proposal.written = written
+
+
+def _outside(exc: StackError, scratch: Path, target: Path, moves: list[Move]) -> StackError:
+    """An error raised in the scratch folder, told about the stack that was not written."""
+    file = exc.file
+    if file is not None and Path(file).resolve().parent == scratch.resolve():
+        file = target.with_name(Path(file).name)
+    return dataclasses.replace(
+        exc,
+        message=f"the proposed stack ({_summary(moves)}) fails: {exc.message}",
+        file=file,
+        hint=(exc.hint + "; " if exc.hint else "") + "nothing was written",
+    )
+
+
+def _summary(moves: list[Move]) -> str:
+    return ", ".join(f"{m.package} {m.old or '(new)'} -> {m.new or '(dropped)'}" for m in moves)
+
+
+# --- the manifest ------------------------------------------------------------------------------
+
+
+def manifest_text(name: str, base: ResolvedStack, moves: list[Move], command: str) -> str:
+    """`extends` the old stack and overrides only what moved, each pin with why; a full copy
+    when a pin is dropped."""
+    explicit = [m for m in moves if m.explicit and m.new is not None]
+    headline = ", ".join(f"{m.package} {m.new}" for m in explicit) or "new pins"
+    description = (
+        f"{base.name} moved to {headline} (proposed from the package index; "
+        "not yet built or tested)."
+    )
+    header = [
+        f"# Proposed by `{command or f'sm120-stacks propose {name} --from {base.name}'}`.",
+        "# Not built or tested: review the moves, build, test, and set status once it passed.",
+    ]
+    if any(m.new is None for m in moves):
+        return _full_copy(base, moves, header, description)
+    lines = [
+        *header,
+        "# The pins below override the parent's; everything else is inherited from it (its",
+        "# notes describe the parent's versions).",
+        f"description: {description}",
+        f"extends: {base.name}",
+        "status: experimental",
+        "python:",
+    ]
+    py = base.manifest.python
+    for section in ("packages", "overrides"):
+        chosen = [m for m in moves if m.section == section]
+        if chosen:
+            lines.append(f"  {section}:")
+        table = py.packages if section == "packages" else py.overrides
+        for move in chosen:
+            pin = table.get(move.package)
+            value = f'"{move.new}"'
+            if pin is not None and pin.extras:
+                value = f"{{version: {value}, extras: [{', '.join(pin.extras)}]}}"
+            was = f"was {move.old}" if move.old else "new"
+            lines.append(f"    {move.package}: {value}  # {move.why} ({was})")
+    return "\n".join(lines) + "\n"
+
+
+def _full_copy(base: ResolvedStack, moves: list[Move], header: list[str], description: str) -> str:
+    data: dict[str, Any] = {}
+    for path in reversed(base.sources):
+        data = deep_merge(data, load_yaml(path).data)
+    data.pop("extends", None)
+    for move in moves:
+        table = data["python"].setdefault(move.section, {})
+        if move.new is None:
+            table.pop(move.package, None)
+        elif isinstance(table.get(move.package), dict):
+            table[move.package] = {**table[move.package], "version": move.new}
+        else:
+            table[move.package] = move.new
+    data["description"] = description
+    data["status"] = "experimental"
+    lines = [
+        *header,
+        f"# A full copy of {base.name} as resolved (comments and `extends` dropped): a child",
+        "# stack cannot remove a pin its parent has. What moved:",
+        *(
+            f"#   {m.package}: {m.old or '(new)'} -> {m.new or '(dropped)'}  ({m.why})"
+            for m in moves
+        ),
+    ]
+    body = yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
+    return "\n".join(lines) + "\n" + body

@@ -1,0 +1,701 @@
+"""The soak: a server under concurrent streaming chat for a while, judged for what a smoke's
+handful of requests cannot show.
+
+The seeds' worst failures came late and under load: FlashInfer's sampler froze every stream of
+a busy sm12x server after minutes while /health still answered (rule
+flashinfer-sampler-freeze-sm12x), and servers grew until the OOM killer came. The soak keeps
+`concurrency` streams open (OpenAI-compatible /v1/chat/completions, stream=true) for `seconds`,
+each worker cycling through prompts of mixed lengths, and fails on:
+
+- a stall: no token on any open stream for `stall_s` while the server is up (a stream that
+  has not produced its first token counts from when it was opened);
+- errors: failed requests over all requests above `max_error_rate`;
+- memory growth: the server's memory past its level at the end of the warm-up by more than
+  `max_memory_growth_mb` (the container's, from the engine's stats, page cache left out; for a
+  server at a URL, the resident set of the process tree `--server-pid` names).
+
+A stall, growth past the bound or a server that stops ends the soak at once: its verdict can no
+longer change. Requests still open when the soak ends are left out of the counts. It reports
+time to first token and inter-token latency (p50, p99), tokens/s over time and the memory
+curve: a JSON summary, a CSV a plot reads (one row per time bucket) and a PNG
+(`verify.plot`), written beside the smoke's report. Its checks join the smoke's, so a failed
+soak fails `test`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from builder.files import write_atomic
+from builder.spec.resolve import ResolvedStack
+from builder.verify import plot
+from builder.verify.smoke import THROUGHPUT_MAX_TOKENS, THROUGHPUT_PROMPT, AfterSmoke, LiveServer
+
+CHECK_STALL = "soak: no stall"
+CHECK_ERRORS = "soak: error rate"
+CHECK_MEMORY = "soak: memory growth"
+#: Every soak request says what it is: a server's access log (or a test's hook in the server)
+#: tells the soak's requests from the smoke's.
+USER_AGENT = "sm120-stacks-soak"
+TICK_S = 0.2
+MEMORY_EVERY_S = 1.0
+ALIVE_EVERY_S = 1.0
+CONNECT_TIMEOUT_S = 10.0
+#: After the soak ends (or fails), how long workers get to notice; a request still open then
+#: (cut off by the end, or held by a stalled server) counts neither as done nor as failed.
+GRACE_S = 3.0
+#: The warm-up (first allocations, caches filling): this share of the soak, within bounds.
+WARMUP_FRACTION, WARMUP_MIN_S, WARMUP_MAX_S = 0.1, 2.0, 120.0
+#: Buckets of the time series: at least one second, at most this many rows.
+MAX_BUCKETS = 720
+#: Inter-token gaps kept for percentiles (a uniform sample beyond that: hours of streaming).
+GAP_SAMPLE = 200_000
+LONG_PROMPT = (
+    "Read the following notes and then summarize them in a few sentences.\n\n"
+    + "\n".join(
+        f"Note {i}: the build of stack {i} took {7 * i + 3} minutes on two cores; its "
+        f"FlashInfer cache held {i % 5 + 1} modules and its smoke answered in {i % 3 + 1} "
+        "seconds. The serving host ran it for a week without a restart."
+        for i in range(1, 6)
+    )
+)
+LONG_MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class SoakSettings:
+    seconds: float
+    concurrency: int
+    stall_s: float
+    max_error_rate: float
+    max_memory_growth_mb: float | None
+
+    @classmethod
+    def for_stack(cls, stack: ResolvedStack, seconds: float | None = None) -> SoakSettings:
+        """The manifest's smoke.soak; `seconds` (the command line's --soak) overrides its own."""
+        smoke = stack.manifest.smoke
+        soak = smoke.soak
+        return cls(
+            seconds=float(soak.seconds if seconds is None else seconds),
+            concurrency=soak.concurrency or smoke.concurrency,
+            stall_s=soak.stall_s,
+            max_error_rate=soak.max_error_rate,
+            max_memory_growth_mb=soak.max_memory_growth_mb,
+        )
+
+
+@dataclass(frozen=True)
+class SoakPrompt:
+    kind: str
+    prompt: str
+    max_tokens: int
+
+
+def soak_prompts(stack: ResolvedStack) -> list[SoakPrompt]:
+    """Mixed lengths: the manifest's smoke prompts (short), an essay (medium), a long context."""
+    short = [SoakPrompt("short", p.prompt, p.max_tokens) for p in stack.manifest.smoke.prompts]
+    return [
+        *(short or [SoakPrompt("short", "Say hello in one sentence.", 32)]),
+        SoakPrompt("medium", THROUGHPUT_PROMPT, THROUGHPUT_MAX_TOKENS),
+        SoakPrompt("long", LONG_PROMPT, LONG_MAX_TOKENS),
+    ]
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+#: Bytes the server uses now, or None when that cannot be said this time.
+MemoryProbe = Callable[[], int | None]
+
+
+def process_tree_rss(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """Resident bytes of pid and every process under it (vLLM's engine core is a child of its
+    API server); None once pid is gone. Pages two processes share are counted in each."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            status = (entry / "status").read_text()
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            ppid = int(fields["PPid"].strip())
+            kib = int(fields.get("VmRSS", "0 kB").split()[0])
+            children.setdefault(ppid, []).append(int(entry.name))
+            rss[int(entry.name)] = kib * 1024
+    if pid not in rss:
+        return None
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += rss.get(current, 0)
+        todo.extend(children.get(current, []))
+    return total
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Request:
+    kind: str
+    opened: float
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+    done: float | None = None
+    error: str | None = None
+
+    @property
+    def quiet_since(self) -> float:
+        return self.last if self.last is not None else self.opened
+
+
+@dataclass
+class _Bucket:
+    tokens: int = 0
+    completed: int = 0
+    errors: int = 0
+    open_streams: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    memory_mb: float | None = None
+
+
+@dataclass
+class SoakResult:
+    settings: SoakSettings
+    passed: bool
+    summary: dict[str, Any]
+    checks: list[tuple[str, bool, str]]
+
+
+class _Soak:
+    def __init__(
+        self,
+        server: LiveServer,
+        settings: SoakSettings,
+        prompts: list[SoakPrompt],
+        memory: MemoryProbe | None,
+    ) -> None:
+        self.server = server
+        self.settings = settings
+        self.prompts = prompts
+        self.memory = memory
+        self.lock = threading.Lock()
+        self.drain = threading.Event()  # no new requests
+        self.abort = threading.Event()  # stop reading: requests still open are left out
+        self.open: set[_Request] = set()
+        self.finished: list[_Request] = []
+        self.width = max(1.0, math.ceil(settings.seconds / MAX_BUCKETS))
+        self.buckets: dict[int, _Bucket] = {}
+        self.gaps: list[float] = []
+        self.gaps_seen = 0
+        self.sampler = random.Random(0)
+        self.longest_quiet = 0.0
+        self.memory_samples: list[tuple[float, float]] = []
+        self.baseline_mb: float | None = None
+        self.stopped: str | None = None
+        self.stall: tuple[float, float, int] | None = None
+        self.started = time.monotonic()
+        self.ran_s = 0.0
+        self.read_timeout = max(30.0, 2 * settings.stall_s)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def bucket(self, at: float) -> _Bucket:
+        return self.buckets.setdefault(int(at // self.width), _Bucket())
+
+    # -- workers --
+
+    def worker(self, index: int) -> None:
+        session = requests.Session()
+        session.headers["User-Agent"] = USER_AGENT
+        turn = 0
+        while not self.drain.is_set():
+            self.request(session, self.prompts[(index + turn) % len(self.prompts)])
+            turn += 1
+
+    def request(self, session: requests.Session, prompt: SoakPrompt) -> None:
+        request = _Request(prompt.kind, self.now())
+        with self.lock:
+            self.open.add(request)
+        body = {
+            "model": self.server.model,
+            "messages": [{"role": "user", "content": prompt.prompt}],
+            "temperature": 0,
+            "max_tokens": prompt.max_tokens,
+            "stream": True,
+        }
+        url = self.server.base_url + "/v1/chat/completions"
+        try:
+            with session.post(
+                url, json=body, stream=True, timeout=(CONNECT_TIMEOUT_S, self.read_timeout)
+            ) as response:
+                if response.status_code != 200:
+                    raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
+                if "text/event-stream" not in response.headers.get("content-type", ""):
+                    raise ValueError("the server did not stream (no text/event-stream answer)")
+                for event in _events(response):
+                    if self.abort.is_set():
+                        return
+                    if _carries_text(event):
+                        self.token(request)
+        except (requests.RequestException, ValueError) as exc:
+            request.error = f"{exc.__class__.__name__}: {exc}"[:300]
+        finally:
+            self.finish(request)
+
+    def token(self, request: _Request) -> None:
+        at = self.now()
+        with self.lock:
+            if request.last is None:
+                request.first = at
+                self.bucket(at).ttfts.append(at - request.opened)
+            else:
+                self.keep_gap(at - request.last)
+            request.last = at
+            request.tokens += 1
+            self.bucket(at).tokens += 1
+
+    def keep_gap(self, gap: float) -> None:
+        """A uniform sample of every gap (reservoir sampling), bounded for long soaks."""
+        self.gaps_seen += 1
+        if len(self.gaps) < GAP_SAMPLE:
+            self.gaps.append(gap)
+        else:
+            slot = self.sampler.randrange(self.gaps_seen)
+            if slot < GAP_SAMPLE:
+                self.gaps[slot] = gap
+
+    def finish(self, request: _Request) -> None:
+        at = self.now()
+        with self.lock:
+            self.open.discard(request)
+            if self.abort.is_set() and request.error is None and request.done is None:
+                request.error = "ended by the soak"
+            if request.error == "ended by the soak":
+                return  # cut off by the soak itself: neither a success nor the server's failure
+            request.done = at
+            self.finished.append(request)
+            bucket = self.bucket(at)
+            if request.error is None:
+                bucket.completed += 1
+            else:
+                bucket.errors += 1
+
+    # -- the monitor --
+
+    def run(self) -> None:
+        threads = [
+            threading.Thread(target=self.worker, args=(i,), daemon=True, name=f"soak-{i}")
+            for i in range(self.settings.concurrency)
+        ]
+        for thread in threads:
+            thread.start()
+        next_memory = next_alive = 0.0
+        while True:
+            at = self.now()
+            if at >= self.settings.seconds:
+                break
+            if at >= next_alive:
+                next_alive = at + ALIVE_EVERY_S
+                if not self.server.running():
+                    self.stopped = f"the server stopped {at:.1f} s into the soak"
+                    break
+            if self.stalled(at):
+                break
+            if self.memory is not None and at >= next_memory:
+                next_memory = at + MEMORY_EVERY_S
+                if self.grew_too_much(at):
+                    break
+            time.sleep(TICK_S)
+        self.drain.set()
+        self.abort.set()
+        for thread in threads:
+            thread.join(timeout=GRACE_S / max(1, len(threads)))
+        self.ran_s = self.now()
+
+    def stalled(self, at: float) -> bool:
+        with self.lock:
+            open_now = list(self.open)
+            self.bucket(at).open_streams = max(self.bucket(at).open_streams, len(open_now))
+        if not open_now:
+            return False
+        quiet = at - max(r.quiet_since for r in open_now)
+        self.longest_quiet = max(self.longest_quiet, quiet)
+        if quiet < self.settings.stall_s:
+            return False
+        if not self.server.running():
+            self.stopped = f"the server stopped {at:.1f} s into the soak"
+            return True
+        self.stall = (at, quiet, len(open_now))
+        self.stopped = f"stalled {at:.1f} s into the soak"
+        return True
+
+    def grew_too_much(self, at: float) -> bool:
+        assert self.memory is not None
+        try:
+            value = self.memory()
+        except Exception:  # a probe that fails once (the engine busy) is a missing sample
+            value = None
+        if value is None:
+            return False
+        mb = value / 1e6
+        self.memory_samples.append((at, mb))
+        self.bucket(at).memory_mb = mb
+        warmup = min(WARMUP_MAX_S, max(WARMUP_MIN_S, WARMUP_FRACTION * self.settings.seconds))
+        if at <= warmup or self.baseline_mb is None:
+            self.baseline_mb = mb
+            return False
+        limit = self.settings.max_memory_growth_mb
+        if limit is not None and mb - self.baseline_mb > limit:
+            self.stopped = f"memory past its bound {at:.1f} s into the soak"
+            return True
+        return False
+
+
+def after_smoke(
+    stack: ResolvedStack,
+    seconds: float | None,
+    report_base: Path,
+    *,
+    server_pid: int | None = None,
+    log: Callable[[str], None] = print,
+) -> AfterSmoke | None:
+    """The soak as the smoke's next step (`run_smoke(after=...)`), or None when it is not to
+    run (0 seconds, the manifest's default unless `seconds` says otherwise). Memory is the
+    container's; for a server the tool did not start, that of server_pid's process tree."""
+    settings = SoakSettings.for_stack(stack, seconds)
+    if settings.seconds <= 0:
+        return None
+
+    def soak(server: LiveServer) -> None:
+        memory: MemoryProbe | None = None
+        if server.container is not None:
+            memory, source = server.container.memory_bytes, "container memory (engine stats)"
+        elif server_pid is not None:
+            pid = server_pid
+            memory = lambda: process_tree_rss(pid)  # noqa: E731
+            source = f"resident set of process {pid} and its children"
+        else:
+            source = "not measured (give --server-pid)"
+        run_soak(server, stack, settings, report_base, memory=memory, memory_source=source, log=log)
+
+    return soak
+
+
+def run_soak(
+    server: LiveServer,
+    stack: ResolvedStack,
+    settings: SoakSettings,
+    report_base: Path,
+    *,
+    memory: MemoryProbe | None = None,
+    memory_source: str = "not measured",
+    log: Callable[[str], None] = print,
+) -> SoakResult:
+    """Soak the server, add the soak's checks to its smoke report, write JSON, CSV and PNG
+    (report_base + .json/.csv/.png)."""
+    log(
+        f"soak: {settings.concurrency} streams for {settings.seconds:.0f} s against "
+        f"{server.base_url} (stall after {settings.stall_s:g} s; memory: {memory_source})"
+    )
+    soak = _Soak(server, settings, soak_prompts(stack), memory)
+    soak.run()
+    checks = _judge(soak, memory_source)
+    summary = _summary(soak, memory_source)
+    paths = {kind: report_base.with_name(f"{report_base.name}.{kind}") for kind in _FILES}
+    summary["files"] = {kind: str(path) for kind, path in paths.items()}
+    passed = all(ok for _, ok, _ in checks)
+    summary["passed"] = passed
+    summary["checks"] = [{"name": n, "passed": ok, "detail": d} for n, ok, d in checks]
+    rows = _rows(soak)
+    write_atomic(paths["csv"], _csv(rows))
+    write_atomic(paths["png"], _png(stack.name, soak, rows, passed))
+    write_atomic(paths["json"], json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    for name, ok, detail in checks:
+        server.report.add(name, ok, detail)
+    server.report.soak = summary
+    log(_line(summary))
+    return SoakResult(settings, passed, summary, checks)
+
+
+_FILES = ("json", "csv", "png")
+
+
+def _judge(soak: _Soak, memory_source: str) -> list[tuple[str, bool, str]]:
+    settings = soak.settings
+    checks: list[tuple[str, bool, str]] = []
+    if soak.stall is not None:
+        at, quiet, streams = soak.stall
+        checks.append(
+            (
+                CHECK_STALL,
+                False,
+                f"no token on any of {streams} open streams for {quiet:.1f} s, {at:.1f} s into "
+                f"the soak, while the server was up (limit {settings.stall_s:g} s)",
+            )
+        )
+    else:
+        checks.append(
+            (
+                CHECK_STALL,
+                True,
+                f"longest time without a token on any open stream {soak.longest_quiet:.2f} s "
+                f"(limit {settings.stall_s:g} s)",
+            )
+        )
+    errors = [r for r in soak.finished if r.error is not None]
+    total = len(soak.finished)
+    rate = len(errors) / total if total else 0.0
+    ok = total > 0 and rate <= settings.max_error_rate
+    detail = f"{len(errors)} of {total} requests failed (rate {rate:.3f}, at most "
+    detail += f"{settings.max_error_rate:g})"
+    if errors:
+        detail += f"; first: {errors[0].error}"
+    if soak.stopped and soak.stopped.startswith("the server stopped"):
+        detail += f"; {soak.stopped}"
+    checks.append((CHECK_ERRORS, ok, detail if total else "no request finished"))
+    limit = settings.max_memory_growth_mb
+    if limit is not None and soak.memory is not None:
+        memory = _memory(soak)
+        if memory["samples"] < 2 or soak.baseline_mb is None:
+            if not soak.stopped:  # ended early, it failed for that reason; else the probe did
+                checks.append((CHECK_MEMORY, False, f"no memory samples from {memory_source}"))
+        else:
+            grown = memory["peak_growth_mb"]
+            checks.append(
+                (
+                    CHECK_MEMORY,
+                    grown <= limit,
+                    f"grew {grown:.0f} MB at most past {memory['baseline_mb']:.0f} MB after the "
+                    f"warm-up (at most {limit:g} MB; {memory['final_mb']:.0f} MB at the end; "
+                    f"{memory_source})",
+                )
+            )
+    return checks
+
+
+def _memory(soak: _Soak) -> dict[str, Any]:
+    values = [mb for _, mb in soak.memory_samples]
+    baseline = soak.baseline_mb
+    peak_growth = max((mb - baseline for mb in values), default=0.0) if baseline else 0.0
+    return {
+        "samples": len(values),
+        "baseline_mb": _r(baseline),
+        "peak_mb": _r(max(values, default=None)),
+        "final_mb": _r(values[-1] if values else None),
+        "growth_mb": _r(values[-1] - baseline if values and baseline is not None else None),
+        "peak_growth_mb": _r(max(0.0, peak_growth)),
+    }
+
+
+def _summary(soak: _Soak, memory_source: str) -> dict[str, Any]:
+    done = [r for r in soak.finished if r.error is None]
+    ttfts = sorted(r.first - r.opened for r in soak.finished if r.first is not None)
+    gaps = sorted(soak.gaps)
+    tokens = sum(bucket.tokens for bucket in soak.buckets.values())
+    by_kind: dict[str, dict[str, Any]] = {}
+    for prompt in soak.prompts:
+        mine = [r for r in soak.finished if r.kind == prompt.kind]
+        kind_ttfts = sorted(r.first - r.opened for r in mine if r.first is not None)
+        by_kind[prompt.kind] = {
+            "requests": len(mine),
+            "errors": sum(r.error is not None for r in mine),
+            "ttft_p50_s": _r(_percentile(kind_ttfts, 50)),
+        }
+    errors = [r.error for r in soak.finished if r.error is not None]
+    return {
+        "settings": {
+            "seconds": soak.settings.seconds,
+            "concurrency": soak.settings.concurrency,
+            "stall_s": soak.settings.stall_s,
+            "max_error_rate": soak.settings.max_error_rate,
+            "max_memory_growth_mb": soak.settings.max_memory_growth_mb,
+        },
+        "target": soak.server.base_url,
+        "ran_s": _r(soak.ran_s),
+        "stopped_early": soak.stopped,
+        "requests": len(soak.finished),
+        "completed": len(done),
+        "errors": len(errors),
+        "error_rate": _r(len(errors) / len(soak.finished)) if soak.finished else None,
+        "first_errors": errors[:5],
+        "tokens": tokens,
+        "tokens_per_s": _r(tokens / soak.ran_s) if soak.ran_s > 0 else None,
+        "ttft_s": _stats(ttfts),
+        "itl_s": _stats(gaps),
+        "itl_sampled_of": soak.gaps_seen,
+        "longest_silence_s": _r(soak.longest_quiet),
+        "by_kind": by_kind,
+        "bucket_s": soak.width,
+        "memory": {"source": memory_source, **_memory(soak)},
+    }
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    return {
+        "p50": _r(_percentile(values, 50)),
+        "p99": _r(_percentile(values, 99)),
+        "max": _r(values[-1] if values else None),
+        "count": len(values),
+    }
+
+
+def _percentile(ordered: list[float], pct: float) -> float | None:
+    """Nearest rank over sorted values."""
+    if not ordered:
+        return None
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# --- files -------------------------------------------------------------------------------------
+
+CSV_COLUMNS = (
+    "t_s",
+    "tokens_per_s",
+    "open_streams",
+    "completed",
+    "errors",
+    "ttft_p50_s",
+    "memory_mb",
+)
+
+
+def _rows(soak: _Soak) -> list[dict[str, Any]]:
+    last = int(soak.ran_s // soak.width) if soak.ran_s else 0
+    rows = []
+    for index in range(last + 1):
+        bucket = soak.buckets.get(index, _Bucket())
+        ttfts = sorted(bucket.ttfts)
+        span = min(soak.width, soak.ran_s - index * soak.width)  # the last bucket is partial
+        if span <= 0.05 * soak.width:
+            continue
+        rows.append(
+            {
+                "t_s": round(index * soak.width, 3),
+                "tokens_per_s": round(bucket.tokens / span, 3),
+                "open_streams": bucket.open_streams,
+                "completed": bucket.completed,
+                "errors": bucket.errors,
+                "ttft_p50_s": _r(_percentile(ttfts, 50)),
+                "memory_mb": _r(bucket.memory_mb, 1),
+            }
+        )
+    return rows
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return out.getvalue()
+
+
+def _png(stack: str, soak: _Soak, rows: list[dict[str, Any]], passed: bool) -> bytes:
+    def points(key: str) -> list[tuple[float, float | None]]:
+        return [(row["t_s"], row[key]) for row in rows]
+
+    limit = soak.settings.max_memory_growth_mb
+    baseline = soak.baseline_mb
+    panels = [
+        plot.Panel("tokens/s", "all streams", [plot.Series("tokens/s", points("tokens_per_s"))]),
+        plot.Panel(
+            "time to first token",
+            "s",
+            [plot.Series("p50 of requests started", points("ttft_p50_s"), plot.ORANGE)],
+        ),
+        plot.Panel(
+            "server memory",
+            "MB",
+            [plot.Series("memory", [(t, mb) for t, mb in soak.memory_samples], plot.GREEN)],
+            limit=baseline + limit if limit is not None and baseline is not None else None,
+            limit_label="bound",
+        ),
+    ]
+    verdict = "passed" if passed else "FAILED"
+    title = (
+        f"soak {stack} - {verdict} - {soak.settings.concurrency} streams, {soak.ran_s:.0f} s"
+        + (f" - {soak.stopped}" if soak.stopped else "")
+    )
+    return plot.chart(title, panels, "seconds into the soak")
+
+
+def _line(summary: dict[str, Any]) -> str:
+    ttft, itl, memory = summary["ttft_s"], summary["itl_s"], summary["memory"]
+    grown = memory.get("peak_growth_mb")
+    rate = summary["tokens_per_s"]
+    return (
+        f"soak: {'passed' if summary['passed'] else 'FAILED'} after {summary['ran_s']:.1f} s: "
+        f"{summary['requests']} requests, {summary['errors']} failed; "
+        f"ttft p50 {_ms(ttft['p50'])} p99 {_ms(ttft['p99'])}; "
+        f"itl p50 {_ms(itl['p50'])} p99 {_ms(itl['p99'])}; "
+        f"{'-' if rate is None else format(rate, '.1f')} tok/s; "
+        f"memory {'+' + format(grown, '.0f') + ' MB' if memory['samples'] else 'not measured'}"
+        + (f"; {summary['stopped_early']}" if summary["stopped_early"] else "")
+        + f"\n  soak files: {summary['files']['json']} (.csv, .png)"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f} ms"
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+
+
+def _events(response: requests.Response) -> Iterator[dict[str, Any]]:
+    for raw in response.iter_lines(decode_unicode=False):
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[len("data:") :].strip()
+        if payload == "[DONE]":
+            return
+        event = json.loads(payload)
+        if isinstance(event, dict):
+            if "error" in event:
+                raise ValueError(f"server error in stream: {str(event['error'])[:200]}")
+            yield event
+
+
+def _carries_text(event: dict[str, Any]) -> bool:
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+            return True
+    return False
+
+
+__all__ = [
+    "CHECK_ERRORS",
+    "CHECK_MEMORY",
+    "CHECK_STALL",
+    "USER_AGENT",
+    "SoakResult",
+    "SoakSettings",
+    "after_smoke",
+    "process_tree_rss",
+    "run_soak",
+    "soak_prompts",
+]

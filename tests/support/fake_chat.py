@@ -1,0 +1,107 @@
+"""A stand-in OpenAI-compatible chat server for the soak's own tests: streams a few tokens per
+request, and on demand stops sending (a stall) or answers 500. The real server (ci-mini's
+`transformers serve`) is what the engine tests soak; this one only proves the judge, in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Behaviour:
+    tokens: int = 8
+    token_delay_s: float = 0.01
+    #: After this many chat requests, every stream (open ones too) stops sending.
+    stall_after: int | None = None
+    #: Every n-th chat request answers 500.
+    fail_every: int | None = None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    behaviour: Behaviour
+    requests = 0
+    closing = False
+    user_agents: list[str]
+    lock: threading.Lock
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that hung up (the soak ending) is no error of the test
+
+
+class _Handler(BaseHTTPRequestHandler):
+    #: Chunked streams, as uvicorn sends them: each event reaches the client when it is sent.
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._answer(200, b"{}", "application/json")
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        json.loads(body)
+        with self.server.lock:
+            self.server.requests += 1
+            number = self.server.requests
+            self.server.user_agents.append(self.headers.get("user-agent", ""))
+        behaviour = self.server.behaviour
+        if behaviour.fail_every and number % behaviour.fail_every == 0:
+            self._answer(500, b'{"error": "injected"}', "application/json")
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        stall_after = behaviour.stall_after
+        for index in range(behaviour.tokens):
+            while stall_after is not None and self.server.requests > stall_after:
+                if self.server.closing:
+                    return
+                time.sleep(0.05)
+            chunk = {"choices": [{"delta": {"content": f"t{index} "}, "finish_reason": None}]}
+            self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+            time.sleep(behaviour.token_delay_s)
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _answer(self, status: int, body: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@contextmanager
+def fake_chat_server(behaviour: Behaviour) -> Iterator[_Server]:
+    server = _Server(("127.0.0.1", 0), _Handler)
+    server.behaviour = behaviour
+    server.user_agents = []
+    server.lock = threading.Lock()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.closing = True
+        server.shutdown()
+        server.server_close()
+
+
+def url_of(server: _Server) -> str:
+    host, port = server.server_address[:2]
+    return f"http://{host!s}:{port}"

@@ -1,0 +1,251 @@
+"""What a pin file holds and how it is read: schema version, serve port, GPU targets by name,
+and the host folders `deploy --apply` makes before it starts the container. No engine needed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import Result
+
+from builder.errors import StackError
+from builder.hosts import deploy
+from builder.hosts.hostcheck import check, gather, requirements_for
+from builder.hosts.pins import PIN_SCHEMA, Pin, PinOptions, load_pin, make_pin, write_pin
+from builder.image.engine import ContainerSpec, EngineError, Image
+from builder.image.records import load_record
+from builder.spec.resolve import resolve
+from tests.test_hosts import _pin, _probe, _tested_and_pushed
+
+HOST = "gpu-node-07"
+
+
+def _two_gpu_pin(stacks_dir: Path, tmp_path: Path, **options: Any) -> Pin:
+    """A stack for sm90 and sm120 (sorted, their capabilities are 12.0 before 9.0) on 8123."""
+    (stacks_dir / "two.yaml").write_text(
+        "extends: vllm-0.22-marlin\ngpus: [sm90, sm120]\nserve: {port: 8123}\n"
+    )
+    stack = resolve("two", stacks_dir)
+    content_hash = _tested_and_pushed(tmp_path / "build", stack)
+    record = load_record(tmp_path / "build", "two", content_hash)
+    return make_pin(HOST, stack, content_hash, record, None, PinOptions(**options))
+
+
+def _edit(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+# --- GPU targets, paired by name ---------------------------------------------------------------
+
+
+def test_each_capability_is_named_with_its_own_target() -> None:
+    """`gpus: [sm90, sm120]` printed "12.0 (sm90), 9.0 (sm120)": sorted capabilities zipped
+    with the targets in manifest order."""
+    facts = gather(None, None, _probe("0, NVIDIA A100, 580.95.05, 8.0\n"))
+    needs = requirements_for(["sm90", "sm120"], None)
+    assert needs.targets == {"sm90": "9.0", "sm120": "12.0"}
+    gpu = {f.name: f for f in check(facts, needs)}["gpu"]
+    assert not gpu.ok
+    assert gpu.detail.endswith("the stack targets 9.0 (sm90), 12.0 (sm120)"), gpu.detail
+    h200 = gather(None, None, _probe("0, NVIDIA H200, 580.95.05, 9.0\n"))
+    assert {f.name: f for f in check(h200, needs)}["gpu"].ok
+
+
+def test_a_pin_records_gpu_targets_by_name_and_its_serve_port(
+    stacks_dir: Path, tmp_path: Path
+) -> None:
+    pin = _two_gpu_pin(stacks_dir, tmp_path)
+    path = write_pin(tmp_path / "hosts", pin)
+    data = yaml.safe_load(path.read_text())
+    assert data["schema_version"] == PIN_SCHEMA == 2
+    assert data["serve_port"] == 8123
+    assert data["needs"]["targets"] == {"sm90": "9.0", "sm120": "12.0"}
+    assert list(data["needs"]["targets"]) == ["sm90", "sm120"], "the manifest's order"
+    loaded = load_pin(tmp_path / "hosts", HOST)
+    assert loaded == pin
+    assert loaded.needs.requirements().targets == {"sm90": "9.0", "sm120": "12.0"}
+
+
+# --- serve port --------------------------------------------------------------------------------
+
+
+def test_the_health_check_probes_the_pinned_serve_port(stacks_dir: Path, tmp_path: Path) -> None:
+    """The port was re-parsed from the command with a default of 8000: a command that sets it
+    another way (an engine's config file, a hand edit) got its health check on the wrong port."""
+    path = write_pin(tmp_path / "hosts", _two_gpu_pin(stacks_dir, tmp_path))
+
+    def drop_port_flag(data: dict[str, Any]) -> None:
+        at = data["command"].index("--port")
+        del data["command"][at : at + 2]
+
+    _edit(path, drop_port_flag)
+    pin = load_pin(tmp_path / "hosts", HOST)
+    assert pin.serve_port == 8123
+    assert "http://127.0.0.1:8123/health" in deploy.health_test(pin)[3]
+
+
+# --- schema version ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.pop("schema_version"), "no schema_version"),
+        (lambda d: d.update(schema_version=3), "schema_version 3"),
+        (lambda d: d.update(schema_version="two"), "schema_version 'two'"),
+    ],
+)
+def test_a_pin_of_no_or_another_schema_version_says_to_pin_again(
+    stacks_dir: Path,
+    tmp_path: Path,
+    run_cli: Callable[..., Result],
+    change: Callable[[dict[str, Any]], None],
+    message: str,
+) -> None:
+    path = write_pin(tmp_path / "hosts", _pin(stacks_dir, tmp_path))
+    _edit(path, change)
+    with pytest.raises(StackError) as caught:
+        load_pin(tmp_path / "hosts", HOST)
+    assert caught.value.file == path and caught.value.key == "schema_version"
+    assert message in caught.value.message
+    assert f"sm120-stacks pin {HOST} vllm-0.22-marlin" in str(caught.value.hint)
+    for command in (("verify", HOST), ("deploy", HOST), ("doctor", "--host", HOST)):
+        result = run_cli(*command, stacks_dir=stacks_dir)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert "gpu-node-07.yaml" in result.output
+
+
+@pytest.mark.parametrize("text", ["just text\n", "- a\n- b\n", "", "schema_version: 2\n"])
+def test_a_pin_that_is_not_a_pin_is_an_error_naming_the_file(
+    tmp_path: Path, run_cli: Callable[..., Result], text: str
+) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.mkdir()
+    (hosts / f"{HOST}.yaml").write_text(text)
+    with pytest.raises(StackError) as caught:
+        load_pin(hosts, HOST)
+    assert caught.value.file == hosts / f"{HOST}.yaml"
+    result = run_cli("verify", HOST, "--hosts-dir", str(hosts))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+
+
+def _as_previous_version_wrote_it(data: dict[str, Any]) -> None:
+    """Schema 1: no serve_port; targets and sorted capabilities as two separate lists."""
+    data["schema_version"] = 1
+    del data["serve_port"]
+    targets = data["needs"].pop("targets")
+    data["needs"]["gpu_targets"] = list(targets)
+    data["needs"]["compute_capabilities"] = sorted(targets.values())
+
+
+def test_a_pin_written_by_the_previous_version_is_still_read(
+    stacks_dir: Path, tmp_path: Path
+) -> None:
+    """Committed schema-1 pins keep working: the port from the serve command's --port (which
+    `pin` always wrote), each target's capability by its name."""
+    pin = _two_gpu_pin(stacks_dir, tmp_path)
+    path = write_pin(tmp_path / "hosts", pin)
+    _edit(path, _as_previous_version_wrote_it)
+    old = load_pin(tmp_path / "hosts", HOST)
+    assert old.serve_port == 8123
+    assert old.needs.requirements().targets == {"sm90": "9.0", "sm120": "12.0"}
+    assert old.model_dump(exclude={"schema_version"}) == pin.model_dump(exclude={"schema_version"})
+
+    def no_port(data: dict[str, Any]) -> None:
+        at = data["command"].index("--port")
+        del data["command"][at : at + 2]
+
+    _edit(path, no_port)
+    with pytest.raises(StackError) as caught:
+        load_pin(tmp_path / "hosts", HOST)
+    assert caught.value.key == "schema_version"
+    assert f"sm120-stacks pin {HOST} two" in str(caught.value.hint)
+
+
+# --- deploy --apply on a fresh host ------------------------------------------------------------
+
+
+class _Engine:
+    """Just enough of builder.image's Engine for apply(): it refuses a bind mount of a missing
+    source the way dockerd does (400 ... bind source path does not exist)."""
+
+    def __init__(self) -> None:
+        self.started: list[ContainerSpec] = []
+
+    def image(self, ref: str) -> Image | None:
+        return Image(id="sha256:" + "d" * 64, attrs={})  # the pinned image is here: no pull
+
+    def container(self, name: str) -> Any:
+        return None  # a fresh host: no container yet
+
+    def run(self, spec: ContainerSpec) -> Any:
+        for mount in spec.mounts:
+            if mount.kind == "bind" and not Path(mount.source).exists():
+                raise EngineError(
+                    'invalid mount config for type "bind": bind source path does not exist: '
+                    + mount.source,
+                    status_code=400,
+                )
+        self.started.append(spec)
+
+        class Started:
+            short_id = "abc123"
+
+        return Started()
+
+
+def test_apply_makes_the_folders_the_pin_writes_to(stacks_dir: Path, tmp_path: Path) -> None:
+    """On a fresh host the models folder does not exist yet: the engine refused the bind mount
+    with a raw 400. The folders the pin writes to (read-write binds) are made first."""
+    models = tmp_path / "fresh" / "var" / "lib" / "sm120-stacks" / "models"
+    cache = tmp_path / "fresh" / "cache"
+    pin = _pin(stacks_dir, tmp_path, volumes=(f"{models}:/models", f"{cache}:/root/.cache"))
+    engine = _Engine()
+    said = deploy.apply(pin, engine)  # type: ignore[arg-type]
+    assert said.splitlines() == [f"created {models}", f"created {cache}", said.splitlines()[2]]
+    assert said.splitlines()[2].startswith("started"), said
+    assert models.is_dir() and cache.is_dir()
+    assert len(engine.started) == 1
+
+
+def test_apply_says_what_to_run_when_it_may_not_make_a_folder(
+    stacks_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models = tmp_path / "root-owned" / "models"
+    pin = _pin(stacks_dir, tmp_path, volumes=(f"{models}:/models",))
+
+    def refuse(self: Path, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    engine = _Engine()
+    with pytest.raises(StackError) as caught:
+        deploy.apply(pin, engine)  # type: ignore[arg-type]
+    assert f"cannot create {models}" in caught.value.message
+    assert f"sudo mkdir -p {models}" in str(caught.value.hint)
+    assert engine.started == []
+
+
+def test_apply_refuses_a_missing_read_only_folder_by_name(stacks_dir: Path, tmp_path: Path) -> None:
+    """A read-only bind is something the host provides (a model put there by hand): an empty
+    folder made for it would start a server that cannot load its model."""
+    models = tmp_path / "nothing-here"
+    pin = _pin(stacks_dir, tmp_path, volumes=(f"{models}:/models:ro",))
+    engine = _Engine()
+    with pytest.raises(StackError) as caught:
+        deploy.apply(pin, engine)  # type: ignore[arg-type]
+    assert f"{models} does not exist" in caught.value.message
+    assert not models.exists() and engine.started == []
+
+
+def test_the_systemd_unit_makes_the_same_folders(stacks_dir: Path, tmp_path: Path) -> None:
+    models = tmp_path / "fresh" / "models"
+    pin = _pin(stacks_dir, tmp_path, volumes=(f"{models}:/models", f"{tmp_path}/ro:/ro:ro"))
+    unit = deploy.render_files(pin)[f"{pin.container}.service"]
+    assert f'ExecStartPre=/bin/mkdir -p "{models}"' in unit
+    assert f'{tmp_path}/ro"' not in unit.split("ExecStart=", 1)[0]

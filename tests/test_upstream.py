@@ -1,0 +1,468 @@
+"""outdated, propose and diff against a package index on 127.0.0.1 serving recorded PyPI pages
+and metadata (tests/fixtures/index/), so the real requests code runs; one test asks PyPI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import Result
+from packaging.version import Version
+
+from builder.lock.lockfile import (
+    Lock,
+    LockedBase,
+    LockedBases,
+    LockedPackage,
+    LockedPython,
+    inputs_hash,
+    lock_inputs,
+    lock_path,
+    write_lock,
+)
+from builder.spec.resolve import resolve
+from builder.upstream.index import IndexClient
+from builder.upstream.releases import classify, newer
+from tests.support.index_server import FIXTURES, Served, index_server, wheel_bytes
+
+
+@pytest.fixture
+def index(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Served]]:
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")  # a CI proxy must not see these
+    with index_server() as served:
+        yield served
+
+
+def _probe(**python: object) -> dict[str, object]:
+    """The frozen vllm-0.22-marlin of the fixtures, with python settings replaced."""
+    data = yaml.safe_load((FIXTURES / "upstream-probe.yaml").read_text())
+    data["python"].update(python)
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture
+def offline(index: tuple[str, Served], write_stack: Callable[..., Path], stacks_dir: Path) -> Path:
+    """stacks/offline: the probe stack on the fixture index."""
+    url, _ = index
+    write_stack("offline", _probe(index_url=f"{url}/simple"))
+    return stacks_dir
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# --- releases ----------------------------------------------------------------------------------
+
+
+def test_moves_are_sized_by_the_first_release_component_that_differs() -> None:
+    assert classify("0.22.1", "0.33.0") == "minor"
+    assert classify("2.11.0", "3.0") == "major"
+    assert classify("0.6.11.post2", "0.6.11.post3") == "patch"
+    assert classify("13.0.88", "13.1.80") == "minor"
+    assert classify("0.33.0", "0.22.1") == "minor"  # a move back is sized the same way
+
+
+def test_prereleases_count_only_when_the_pin_is_one() -> None:
+    versions = [Version(v) for v in ("0.7.1rc4", "0.7.1", "0.7.2rc3")]
+    assert newer("0.7.0", versions) == [Version("0.7.1")]
+    assert newer("0.7.1rc3", versions) == versions
+    # An index's local label is not a newer release than the same public version.
+    assert newer("2.11.0", [Version("2.11.0+cu130"), Version("2.11.1+cu130")]) == [
+        Version("2.11.1+cu130")
+    ]
+
+
+# --- outdated ----------------------------------------------------------------------------------
+
+
+def test_outdated_lists_newer_releases_skipping_yanked_and_prereleases(
+    offline: Path, run_cli: Callable[..., Result]
+) -> None:
+    before = _tree(offline)
+    result = run_cli("outdated", "offline", "--json", stacks_dir=offline)
+    assert result.exit_code == 0, result.output
+    rows = {row["package"]: row for row in json.loads(result.output)["rows"]}
+    assert set(rows) == {
+        "torch",
+        "vllm",
+        "flashinfer-python",
+        "flashinfer-cubin",
+        "apache-tvm-ffi",
+        "nvidia-cutlass-dsl",
+        "nvidia-cuda-nvcc",
+        "nvidia-nvvm",
+        "nvidia-cuda-crt",
+    }
+    assert rows["vllm"]["newest"] == {"major": None, "minor": "0.33.0", "patch": None}
+    tvm = [n["version"] for n in rows["apache-tvm-ffi"]["newer"]]
+    # On PyPI 0.1.13, 0.1.14 and 0.1.15 are yanked and 0.1.14rc0-2 pre-releases.
+    assert tvm == [
+        "0.1.10",
+        "0.1.11",
+        "0.1.12",
+        "0.1.13.post2",
+        "0.1.13.post3",
+        "0.1.14.post0",
+        "0.1.14.post1",
+        "0.1.15.post1",
+        "0.1.15.post2",
+    ]
+    assert all(n["kind"] == "patch" for n in rows["apache-tvm-ffi"]["newer"])
+    assert rows["nvidia-cuda-nvcc"]["newest"]["minor"] == "13.5.37"
+    # The stack carries the sampler freeze's mitigation; flashinfer 0.6.14 fixes the freeze.
+    assert rows["flashinfer-python"]["retires"] == {"flashinfer-sampler-freeze-sm12x": "0.6.14"}
+    assert rows["vllm"]["retires"] == {}
+    assert _tree(offline) == before  # outdated changes no file
+
+
+def test_outdated_locked_adds_the_lock_s_other_packages(
+    offline: Path, run_cli: Callable[..., Result]
+) -> None:
+    _lock(offline, "offline", {"vllm": "0.22.1", "six": "1.16.0"})
+    result = run_cli("outdated", "offline", "--locked", "--json", stacks_dir=offline)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["rows"]
+    assert [(r["package"], r["source"]) for r in rows if r["package"] in ("vllm", "six")] == [
+        ("vllm", "pin"),
+        ("six", "lock"),
+    ]
+    assert rows[-1]["note"] == "on none of the stack's indexes"
+
+
+def test_outdated_table(offline: Path, run_cli: Callable[..., Result]) -> None:
+    result = run_cli("outdated", "offline", stacks_dir=offline)
+    assert result.exit_code == 0, result.output
+    assert "0.33.0" in result.output and "nvidia-cutlass-dsl" in result.output
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        ("down", "answered HTTP 503"),
+        ("html", "does not answer the JSON simple API"),
+        ("garbage", "answered garbage"),
+        ("closed", "is not reachable"),
+    ],
+)
+def test_an_index_that_is_down_or_answers_garbage_is_an_error_naming_it(
+    index: tuple[str, Served],
+    write_stack: Callable[..., Path],
+    stacks_dir: Path,
+    run_cli: Callable[..., Result],
+    where: str,
+    expected: str,
+) -> None:
+    url, _ = index
+    bad = (
+        f"http://127.0.0.1:{_closed_port()}/simple"
+        if where == "closed"
+        else f"{url}/{where}/simple"
+    )
+    write_stack("broken", _probe(index_url=bad))
+    result = run_cli("outdated", "broken", stacks_dir=stacks_dir)
+    assert result.exit_code == 2
+    assert expected in result.output and f"index {bad}" in result.output
+
+
+def test_with_several_stacks_a_failing_index_is_a_row_error(
+    offline: Path,
+    index: tuple[str, Served],
+    write_stack: Callable[..., Path],
+    run_cli: Callable[..., Result],
+) -> None:
+    url, _ = index
+    write_stack("broken", _probe(index_url=f"{url}/down/simple"))
+    result = run_cli("outdated", "offline", "broken", "--json", stacks_dir=offline)
+    assert result.exit_code == 1
+    rows = json.loads(result.output.split("\nfailed:")[0])["rows"]
+    assert {r["stack"] for r in rows if r["error"]} == {"broken"}
+    assert all("HTTP 503" in r["error"] for r in rows if r["stack"] == "broken")
+    assert any(r["newer"] for r in rows if r["stack"] == "offline")
+
+
+# --- propose -----------------------------------------------------------------------------------
+
+
+def test_propose_pins_what_the_release_requires_and_writes_nothing_else(
+    offline: Path, index: tuple[str, Served], run_cli: Callable[..., Result]
+) -> None:
+    _, served = index
+    result = run_cli(
+        "propose",
+        "try",
+        "--from",
+        "offline",
+        "--set",
+        "vllm=0.33.0",
+        "--no-lock",
+        "--json",
+        stacks_dir=offline,
+    )
+    assert result.exit_code == 0, result.output
+    proposal = json.loads(result.output)
+    moves = {m["package"]: (m["old"], m["new"], m["kind"]) for m in proposal["moves"]}
+    assert moves == {
+        "vllm": ("0.22.1", "0.33.0", "minor"),
+        "torch": ("2.11.0", "2.14.0", "minor"),
+        "flashinfer-python": ("0.6.11.post2", "0.7.2.post1", "minor"),
+        "apache-tvm-ffi": ("0.1.9", "0.1.11", "patch"),
+        "nvidia-cutlass-dsl": ("4.5.2", "4.8.0", "minor"),
+        # released with flashinfer-python, and the fixture index (like PyPI) has no 0.7.2.post1
+        "flashinfer-cubin": ("0.6.11.post2", None, "dropped"),
+    }
+    # The sampler freeze is fixed in flashinfer 0.6.14: the rule, and the setting, can go.
+    assert proposal["rules_retire"] == ["flashinfer-sampler-freeze-sm12x"]
+    assert any("env.VLLM_USE_FLASHINFER_SAMPLER" in w for w in proposal["warnings"])
+    assert proposal["written"] == [str(offline / "try.yaml")]
+    text = (offline / "try.yaml").read_text()
+    assert "a child\n# stack cannot remove a pin" in text  # dropping a pin makes a full copy
+    packages = resolve("try", offline).manifest.python.packages
+    assert {n: p.version for n, p in packages.items()} == {
+        "torch": "2.14.0",
+        "vllm": "0.33.0",
+        "flashinfer-python": "0.7.2.post1",
+        "apache-tvm-ffi": "0.1.11",
+        "nvidia-cutlass-dsl": "4.8.0",
+        "nvidia-cuda-nvcc": "13.0.88",
+        "nvidia-nvvm": "13.0.88",
+        "nvidia-cuda-crt": "13.0.88",
+    }
+    assert packages["nvidia-cutlass-dsl"].extras == ["cu13"]  # the extras are kept
+    assert not (offline / "try.lock").exists()
+    assert not list(offline.parent.glob(".propose-*"))
+    # torch's page gives no PEP 658 metadata: read out of the wheel by ranges, not downloaded.
+    wheel = "torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    size = len(wheel_bytes(wheel, (FIXTURES / "files" / f"{wheel}.metadata").read_bytes()))
+    assert 0 < served.bytes_for(wheel) < size / 2
+    assert any(
+        p.endswith("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl.metadata")
+        for p, _, _ in served.requests
+    )
+
+
+def test_propose_extends_the_stack_follows_ranges_and_reports_rules_it_retires(
+    index: tuple[str, Served],
+    write_stack: Callable[..., Path],
+    stacks_dir: Path,
+    run_cli: Callable[..., Result],
+) -> None:
+    """flashinfer_cutlass crashes on flashinfer 0.6.11 to 0.6.x (a rule that fires); 0.7.2.post1
+    asks apache-tvm-ffi>=0.1.11 and nvidia-cutlass-dsl>=4.6.2a0, which move to the newest that
+    do. Nothing is dropped, so the proposal extends the stack."""
+    url, _ = index
+    data = _probe(index_url=f"{url}/simple")
+    del data["python"]["packages"]["flashinfer-cubin"]  # type: ignore[index]
+    data["serve"]["moe_backend"] = "flashinfer_cutlass"  # type: ignore[index]
+    write_stack("fi-cutlass", data)
+    result = run_cli(
+        "propose",
+        "fi-next",
+        "--from",
+        "fi-cutlass",
+        "--set",
+        "flashinfer-python=0.7.2.post1",
+        "--no-lock",
+        "--json",
+        stacks_dir=stacks_dir,
+    )
+    assert result.exit_code == 0, result.output
+    proposal = json.loads(result.output)
+    assert proposal["rules_retire"] == [
+        "flashinfer-cutlass-trtllm-nvfp4-moe-crash-sm120",
+        "flashinfer-sampler-freeze-sm12x",
+    ]
+    manifest = yaml.safe_load((stacks_dir / "fi-next.yaml").read_text())
+    assert manifest["extends"] == "fi-cutlass" and manifest["status"] == "experimental"
+    assert set(manifest) == {"description", "extends", "status", "python"}
+    assert manifest["python"] == {
+        "packages": {
+            "flashinfer-python": "0.7.2.post1",
+            "apache-tvm-ffi": "0.1.15.post2",  # 0.1.15 is yanked
+            "nvidia-cutlass-dsl": {"version": "4.8.1", "extras": ["cu13"]},
+        }
+    }
+    assert resolve("fi-next", stacks_dir).manifest.serve.moe_backend == "flashinfer_cutlass"
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (["vllm=0.99.0"], "vllm 0.99.0 does not exist on http://127.0.0.1"),
+        (["apache-tvm-ffi=0.1.13"], "apache-tvm-ffi 0.1.13 is yanked"),
+        (["vllm=0.33.0", "torch=2.13.0"], "cannot resolve: vllm 0.33.0 requires torch==2.14.0"),
+        (["no-such-package=1.0"], "no-such-package is on none of the stack's indexes"),
+    ],
+)
+def test_propose_refuses_what_does_not_exist_or_resolve_and_writes_nothing(
+    offline: Path, run_cli: Callable[..., Result], sets: list[str], expected: str
+) -> None:
+    args = [arg for value in sets for arg in ("--set", value)]
+    result = run_cli("propose", "nope", "--from", "offline", *args, "--no-lock", stacks_dir=offline)
+    assert result.exit_code == 2
+    assert expected in result.output
+    assert not (offline / "nope.yaml").exists()
+
+
+def test_propose_refuses_a_known_bad_result(
+    offline: Path, write_stack: Callable[..., Path], run_cli: Callable[..., Result]
+) -> None:
+    write_stack("trtllm", {"extends": "offline", "serve": {"moe_backend": "flashinfer_trtllm"}})
+    result = run_cli(
+        "propose",
+        "nope",
+        "--from",
+        "trtllm",
+        "--set",
+        "vllm=0.33.0",
+        "--no-lock",
+        stacks_dir=offline,
+    )
+    assert result.exit_code == 2
+    assert (
+        "flashinfer-trtllm-no-sm120-cubins" in result.output
+        and "nothing was written" in result.output
+    )
+    assert not (offline / "nope.yaml").exists()
+    assert not list(offline.parent.glob(".propose-*"))
+
+
+def test_a_lock_that_cannot_resolve_leaves_nothing_behind(
+    index: tuple[str, Served],
+    write_stack: Callable[..., Path],
+    stacks_dir: Path,
+    run_cli: Callable[..., Result],
+) -> None:
+    """The fixture index has only the pinned packages' pages and no wheels to hash: uv (really
+    run) fails, and the manifest, checked and ready, is not written either. Python 3.11 here,
+    the tests' own, so that uv does not go looking for another interpreter."""
+    url, _ = index
+    write_stack("offline", _probe(index_url=f"{url}/simple", version="3.11"))
+    result = run_cli(
+        "propose", "nope", "--from", "offline", "--set", "vllm=0.33.0", stacks_dir=stacks_dir
+    )
+    assert result.exit_code == 2
+    assert "uv could not resolve" in result.output and "nothing was written" in result.output
+    assert not (stacks_dir / "nope.yaml").exists() and not (stacks_dir / "nope.lock").exists()
+    assert not list(stacks_dir.parent.glob(".propose-*"))
+
+
+def test_propose_refuses_an_existing_name(offline: Path, run_cli: Callable[..., Result]) -> None:
+    result = run_cli(
+        "propose",
+        "vllm-0.22-b12x",
+        "--from",
+        "offline",
+        "--set",
+        "vllm=0.33.0",
+        "--no-lock",
+        stacks_dir=offline,
+    )
+    assert result.exit_code == 2 and "already exists" in result.output
+
+
+# --- diff --------------------------------------------------------------------------------------
+
+
+def _lock(stacks_dir: Path, name: str, versions: dict[str, str]) -> None:
+    """A lock matching the stack's manifest, holding these versions (no resolution)."""
+    stack = resolve(name, stacks_dir)
+    inputs = lock_inputs(stack)
+    base = LockedBase(image=stack.manifest.bases.build.image, note="test")
+    lock = Lock(
+        schema_version=1,
+        stack=name,
+        inputs_hash=inputs_hash(inputs),
+        inputs=inputs,
+        bases=LockedBases(build=base, runtime=base),
+        python=LockedPython(
+            version="3.12",
+            platform="x86_64-manylinux_2_28",
+            resolver="test",
+            index_url=stack.manifest.python.index_url,
+            packages={
+                n: LockedPackage(version=v, hashes=["sha256:" + "0" * 64])
+                for n, v in versions.items()
+            },
+        ),
+    )
+    write_lock(lock_path(stack), lock)
+
+
+@pytest.fixture
+def two_stacks(write_stack: Callable[..., Path], stacks_dir: Path) -> Path:
+    write_stack("left", _probe())
+    right = _probe()
+    right["python"]["packages"].update(  # type: ignore[index]
+        {"vllm": "0.33.0", "torch": "2.14.0", "flashinfer-python": "0.7.2.post1"}
+    )
+    del right["python"]["packages"]["flashinfer-cubin"]  # type: ignore[index]
+    right["serve"]["moe_backend"] = "flashinfer_trtllm"  # type: ignore[index]
+    write_stack("right", right)
+    common = {"nvidia-cuda-nvcc": "13.0.88"}
+    _lock(stacks_dir, "left", {**common, "vllm": "0.22.1", "torch": "2.11.0", "six": "1.16.0"})
+    _lock(stacks_dir, "right", {**common, "vllm": "0.33.0", "torch": "3.0.0", "numpy": "2.3.0"})
+    return stacks_dir
+
+
+def test_diff_shows_manifest_lock_rules_and_dockerfile(
+    two_stacks: Path, run_cli: Callable[..., Result]
+) -> None:
+    before = _tree(two_stacks)
+    result = run_cli("diff", "left", "right", "--json", stacks_dir=two_stacks)
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    changed = {c["key"]: (c["a"], c["b"], c["only"]) for c in d["manifest"]}
+    assert changed["python.packages.vllm.version"] == ("0.22.1", "0.33.0", None)
+    assert changed["serve.moe_backend"] == ("marlin", "flashinfer_trtllm", None)
+    assert changed["python.packages.flashinfer-cubin.version"] == ("0.6.11.post2", None, "a")
+    assert d["locks"]["a"] == d["locks"]["b"] == "locked"
+    assert d["locks"]["same"] == 1
+    assert {p["package"]: (p["change"], p["kind"]) for p in d["locks"]["packages"]} == {
+        "numpy": ("added", None),
+        "six": ("removed", None),
+        "torch": ("moved", "major"),
+        "vllm": ("moved", "minor"),
+    }
+    assert d["rules"]["only_b"] == ["flashinfer-trtllm-no-sm120-cubins"]
+    assert d["rules"]["a"] == []
+    assert d["derived"] == [] and d["render_errors"] == {}
+    assert d["dockerfile"][:2] == ["--- left/Dockerfile", "+++ right/Dockerfile"]
+    assert any(line.startswith("+") and "0.7.2.post1" in line for line in d["dockerfile"])
+    assert _tree(two_stacks) == before
+
+
+def test_diff_table(two_stacks: Path, run_cli: Callable[..., Result]) -> None:
+    result = run_cli("diff", "left", "right", stacks_dir=two_stacks)
+    assert result.exit_code == 0, result.output
+    for text in ("serve.moe_backend", "flashinfer_trtllm", "numpy", "major", "--- left/Dockerfile"):
+        assert text in result.output
+
+
+# --- the real index ----------------------------------------------------------------------------
+
+
+@pytest.mark.network
+def test_pypi_answers_the_json_simple_api() -> None:
+    """One request to PyPI (through the proxy CA where one is set)."""
+    ca = os.environ.get("SM120_STACKS_CA_BUNDLE")
+    project = IndexClient(Path(ca) if ca else None).project("https://pypi.org/simple", "six")
+    assert project is not None
+    assert Version("1.16.0") in project.available()
