@@ -75,7 +75,7 @@ tar -C "$work/fi" -cf - . | xz -T2 -6 >"$work/fi.tar.xz"
 # 3. model, 4. tool, spec, Triton kernels
 rm -rf "$work/model" && .venv/bin/python -m tests.support.tinymodel --vllm "$work/model/tiny-llama"
 tar -C "$work/model" -cJf "$work/model.tar.xz" tiny-llama
-tar -cJf "$work/tool.tar.xz" builder knowledge stacks templates patches --exclude=__pycache__
+tar --exclude=__pycache__ -cJf "$work/tool.tar.xz" builder knowledge stacks templates patches
 rm -rf "$work/tri-aot"
 PYTHONPATH="${TRITON_SITE:-}" "$py312" bench/triton_aot_check.py compile "$work/tri-aot" 90 120
 tar -C "$work" -cJf "$work/tri-aot.tar.xz" tri-aot

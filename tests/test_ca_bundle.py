@@ -64,7 +64,7 @@ def test_a_bundle_that_does_not_exist_is_an_error(stores: list[Path], tmp_path: 
 
 
 def _capture_build(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    from builder.cli import stacks as cli_stacks
+    from builder.cli import images as cli_stacks
 
     seen: dict[str, Any] = {}
 

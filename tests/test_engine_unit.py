@@ -478,3 +478,29 @@ def test_a_specced_container_keeps_the_image_cmd_unless_told() -> None:
 
     kwargs = run_kwargs(ContainerSpec(image="x:1"))
     assert kwargs == {"image": "x:1", "detach": True, "environment": {}, "labels": {}}
+
+
+@pytest.mark.parametrize(
+    ("ref", "split"),
+    [
+        ("sm120-stacks:ci-mini", ("sm120-stacks", "ci-mini")),
+        (
+            "127.0.0.1:5000/sm120-stacks:ci-mini-0123",
+            ("127.0.0.1:5000/sm120-stacks", "ci-mini-0123"),
+        ),
+        ("127.0.0.1:5000/sm120-stacks", ("127.0.0.1:5000/sm120-stacks", None)),
+        ("repo@sha256:" + "a" * 64, ("repo@sha256:" + "a" * 64, None)),
+    ],
+)
+def test_a_port_or_a_digest_is_not_taken_for_a_tag(ref: str, split: tuple[str, str | None]) -> None:
+    from builder.image.docker_engine import split_tag
+
+    assert split_tag(ref) == split
+
+
+def test_the_socket_path_names_a_missing_engine_without_the_sdk(tmp_path: Path) -> None:
+    from builder.errors import ToolMissing
+    from builder.image.docker_engine import connect_engine
+
+    with pytest.raises(ToolMissing, match="cannot reach a Docker engine"):
+        connect_engine(f"unix://{tmp_path}/no.sock")

@@ -31,14 +31,16 @@ from builder.spec.resolve import resolve
 STACK = "faults"
 
 #: Loaded by Python at startup (sitecustomize, from PYTHONPATH) in the tool's process: holds
-#: the os.replace that would put the named file in place, so the test can SIGKILL the tool
-#: at the one moment a half-written file could matter.
+#: the os.replace that would put the named file in place (until SM120_TEST_RELEASE names a file
+#: that exists), so a test can SIGKILL the tool at the one moment a half-written file could
+#: matter, or keep it at a known point.
 HOLD_REPLACE_HOOK = """
 import os
 import sys
 import time
 
 _target = os.environ.get("SM120_TEST_HOLD_REPLACE")
+_release = os.environ.get("SM120_TEST_RELEASE", "")
 if _target:
     _replace = os.replace
 
@@ -46,7 +48,9 @@ if _target:
         if str(dst).endswith(_target):
             sys.stderr.write("sm120-stacks-test: holding the replace of " + str(dst) + chr(10))
             sys.stderr.flush()
-            time.sleep(600)
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and not (_release and os.path.exists(_release)):
+                time.sleep(0.05)
         return _replace(src, dst, *args, **kwargs)
 
     os.replace = _held

@@ -180,7 +180,7 @@ def test_engine_option_sets_docker_host_for_the_command(
         seen.append(os.environ.get("DOCKER_HOST"))
         raise StackError("stop here")
 
-    monkeypatch.setattr("builder.cli.stacks.connect_engine", fake_connect)
+    monkeypatch.setattr("builder.cli.images.connect_engine", fake_connect)
     result = run_cli("push", "ci-mini", "--engine", "ssh://root@10.0.0.9", "--registry", "r:5000")
     assert result.exit_code == 2 and seen == ["ssh://root@10.0.0.9"]
 
@@ -421,3 +421,11 @@ def test_the_committed_schema_says_where_it_came_from() -> None:
     source = json.loads(k8s.SCHEMA.read_text())["source"]
     assert source["kubernetes"] == "v1.33.0"
     assert source["wheel_sha256"] and "kubernetes-validate 1.37.0" in source["from"]
+
+
+def test_a_failed_smoke_names_each_failed_check_once() -> None:
+    from builder.verify.smoke import Check
+
+    checks = [Check("correct answer", False, f"[{p}] -> 'Louisville'") for p in ("cold", "warm")]
+    said = fleet._failures([*checks, Check("server stays up", False, "died")])
+    assert said == "correct answer (2x): [cold] -> 'Louisville'; server stays up: died"

@@ -59,7 +59,8 @@ def user_errors(func: F) -> F:
                 sys.exit(EXIT_BAD_INPUT)
             if exc.errno not in NO_SPACE:
                 raise
-            where = f" writing {exc.filename}" if exc.filename else ""
+            target = exc.filename2 or exc.filename  # a copy names its source first
+            where = f" writing {target}" if target else ""
             click.echo(
                 f"failed: no space left on the device{where} ({exc.strerror}); every file this "
                 "tool writes is replaced whole, so none was left half-written: free space and "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -133,10 +134,10 @@ def build(
             click.echo(f"pulled {ref} from {target.repository}")
             return
         click.echo(f"{target.repository} has no image of this content hash; building")
-    client = detect_build_client()
-    if cache_export and client.kind != "buildx":
+    client = functools.cache(detect_build_client)
+    if cache_export and client().kind != "buildx":
         raise StackError(
-            f"--cache-to-registry needs buildx; this machine builds with {client.describe()}",
+            f"--cache-to-registry needs buildx; this machine builds with {client().describe()}",
             key="--cache-to-registry",
             hint="install the buildx plugin and `docker buildx create --use`, or leave the option "
             "off: the inline cache in every pushed image still seeds other machines' builds",

@@ -26,7 +26,7 @@ from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
 from builder.image.engine import Container, Engine, EngineError
 from builder.spec.resolve import ResolvedStack
-from builder.verify.smoke import run_smoke_url
+from builder.verify.smoke import Check, run_smoke_url
 
 #: What a host came to: deployed and passed its gate; failed (and what happened after).
 OK = "ok"
@@ -242,10 +242,22 @@ def smoke_gate(
         report = run_smoke_url(url_of(pin), stack, report_path=report_path, log=log)
         if report.passed:
             return GateResult(True, f"smoke passed ({report_path})")
-        failed = "; ".join(f"{c.name}: {' '.join(c.detail.split())[:160]}" for c in report.failed())
-        return GateResult(False, f"smoke failed: {failed} ({report_path})")
+        return GateResult(False, f"smoke failed: {_failures(report.failed())} ({report_path})")
 
     return gate
+
+
+def _failures(checks: Sequence[Check]) -> str:
+    """Each failed check once, with its first detail and how often it failed."""
+    first: dict[str, str] = {}
+    count: dict[str, int] = {}
+    for check in checks:
+        first.setdefault(check.name, " ".join(check.detail.split())[:200])
+        count[check.name] = count.get(check.name, 0) + 1
+    return "; ".join(
+        f"{name}{f' ({count[name]}x)' if count[name] > 1 else ''}: {detail}"
+        for name, detail in first.items()
+    )
 
 
 def both(first: Gate, then: Gate) -> Gate:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,7 +26,9 @@ from builder.image.engine import (
     Image,
     PortBinding,
 )
+from builder.image.engine_socket import SocketApi
 
+DEFAULT_SOCKET = "/var/run/docker.sock"
 #: Engine API timeout: a push or pull of a multi-GB layer is one slow request.
 API_TIMEOUT_S = 600
 NANOSECONDS = 1_000_000_000
@@ -37,12 +39,24 @@ _PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 def connect_engine(address: str | None = None) -> DockerEngine:
     """The engine at address (builder.image.address), else the one DOCKER_HOST (or the local
     socket) names, once it answered a ping. An ssh:// engine is reached through this machine's
-    ssh client, as the docker CLI reaches it (the user's agent and ~/.ssh/config)."""
+    ssh client, as the docker CLI reaches it (the user's agent and ~/.ssh/config). A local
+    socket is pinged without the SDK, which is imported only when an operation needs it."""
+    where = address or os.environ.get(ADDRESS_ENV) or None
+    socket_path = _local_socket(where)
+    if socket_path is not None:
+        try:
+            SocketApi(socket_path).ping()
+        except EngineError as exc:
+            raise _unreachable(where, exc) from None
+        return DockerEngine(factory=lambda: _sdk_client(address, where), socket_path=socket_path)
+    return DockerEngine(_sdk_client(address, where, ping=True))
+
+
+def _sdk_client(address: str | None, where: str | None, ping: bool = False) -> Any:
     import docker
     import requests
     from docker.errors import DockerException
 
-    where = address or os.environ.get(ADDRESS_ENV) or None
     try:
         if address is not None:
             client = docker.DockerClient(
@@ -50,14 +64,36 @@ def connect_engine(address: str | None = None) -> DockerEngine:
             )
         else:
             client = docker.from_env(timeout=API_TIMEOUT_S, use_ssh_client=is_ssh(where))
-        client.ping()
+        if ping:
+            client.ping()
     except (DockerException, requests.RequestException, OSError) as exc:
-        at = f" at {where}" if where else ""
-        raise ToolMissing(
-            f"cannot reach a Docker engine{at} ({exc.__class__.__name__}: {str(exc)[:200]})",
-            hint=INSTALL_HINT + "; set DOCKER_HOST (or --engine) if it listens elsewhere",
-        ) from None
-    return DockerEngine(client)
+        raise _unreachable(where, exc) from None
+    return client
+
+
+def _unreachable(where: str | None, exc: Exception) -> ToolMissing:
+    at = f" at {where}" if where else ""
+    return ToolMissing(
+        f"cannot reach a Docker engine{at} ({exc.__class__.__name__}: {str(exc)[:200]})",
+        hint=INSTALL_HINT + "; set DOCKER_HOST (or --engine) if it listens elsewhere",
+    )
+
+
+def _local_socket(where: str | None) -> str | None:
+    """The unix socket path of a local engine address (None for tcp:// or ssh://)."""
+    if where is None:
+        return DEFAULT_SOCKET
+    if where.startswith("unix://"):
+        return where.removeprefix("unix://")
+    return None
+
+
+def split_tag(ref: str) -> tuple[str, str | None]:
+    """'host:5000/repo:tag' -> ('host:5000/repo', 'tag'); a port is not a tag."""
+    name, _, tag = ref.rpartition(":")
+    if name and "/" not in tag and "@" not in ref:
+        return name, tag
+    return ref, None
 
 
 def engine_reachable() -> bool:
@@ -149,13 +185,33 @@ def _host_binding(port: PortBinding) -> tuple[str] | tuple[str, int] | int | Non
 
 
 class DockerEngine:
-    """Engine over a docker SDK client."""
+    """Engine over a docker SDK client, made when first needed; with a local socket, ping,
+    inspect and tag go over it directly (engine_socket.py: the whole of a no-op build)."""
 
-    def __init__(self, client: Any) -> None:
-        #: The SDK client, for tests that set up what the interface deliberately cannot.
-        self.sdk = client
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        factory: Callable[[], Any] | None = None,
+        socket_path: str | None = None,
+    ) -> None:
+        self._sdk = client
+        self._factory = factory
+        self._socket = SocketApi(socket_path) if socket_path is not None else None
+
+    @property
+    def sdk(self) -> Any:
+        """The SDK client (also for tests that set up what the interface deliberately cannot)."""
+        if self._sdk is None:
+            if self._factory is None:
+                raise EngineUnreachable("no engine client and no way to make one")
+            self._sdk = self._factory()
+        return self._sdk
 
     def ping(self) -> None:
+        if self._socket is not None:
+            self._socket.ping()
+            return
         with _engine_errors():
             self.sdk.ping()
 
@@ -165,6 +221,8 @@ class DockerEngine:
         return sorted(str(name) for name in info.get("Runtimes") or {})
 
     def image(self, ref: str) -> Image | None:
+        if self._socket is not None:
+            return self._socket.image(ref)
         try:
             with _engine_errors():
                 found = self.sdk.images.get(ref)
@@ -173,9 +231,10 @@ class DockerEngine:
             return None
 
     def tag(self, image: str, ref: str) -> None:
-        from docker.utils import parse_repository_tag
-
-        repository, tag = parse_repository_tag(ref)
+        repository, tag = split_tag(ref)
+        if self._socket is not None:
+            self._socket.tag(image, repository, tag)
+            return
         with _engine_errors():
             self.sdk.api.tag(image, repository, tag=tag)
 

@@ -129,6 +129,9 @@ def test_a_roll_gates_each_host_and_rolls_back_the_first_that_fails(
     clean = cli_process("verify", "--all", check=False)
     assert clean.returncode == 0, clean.stdout
     assert "no drift on any host" in clean.stdout
+    # One host at a time: on the engine its pin names.
+    assert "nothing to do" in cli_process("deploy", "fleet-a", "--apply").stdout
+    assert cli_process("verify", "fleet-a").stdout.strip().endswith("no drift")
 
     fleet("fleet-a", "2", serve, "unix:///var/run/docker.sock")
     fleet("fleet-b", "2", ["python3", "-c", CRASH], None)  # the failure, on the second host

@@ -70,3 +70,20 @@ def test_unreachable_registry_is_a_clear_error(
 def test_registry_syntax_is_checked(bad: str) -> None:
     with pytest.raises(StackError, match="HOST"):
         Registry.parse(bad)
+
+
+@pytest.mark.engine
+def test_the_socket_calls_see_what_the_sdk_sees(api: Any) -> None:
+    """A no-op build inspects and tags over the socket: same answers as the SDK's."""
+    from builder.image.docker_engine import connect_engine
+
+    engine = connect_engine()
+    image = next(i for i in api.images.list() if i.tags)
+    found = engine.image(image.tags[0])
+    assert found is not None and found.id == image.id and found.attrs["Id"] == image.attrs["Id"]
+    assert engine.image("sm120-stacks:no-such-tag-anywhere") is None
+    engine.tag(image.id, "sm120-stacks-socket-test:tagged")
+    try:
+        assert api.images.get("sm120-stacks-socket-test:tagged").id == image.id
+    finally:
+        api.images.remove("sm120-stacks-socket-test:tagged")
