@@ -8,10 +8,12 @@ import csv
 import json
 import os
 import time
+from collections.abc import Callable
 from itertools import count
 from pathlib import Path
 
 import pytest
+from click.testing import Result
 
 from builder import REPO_ROOT
 from builder.spec.resolve import ResolvedStack, resolve
@@ -149,3 +151,60 @@ def test_the_resident_set_of_a_process_tree() -> None:
     mine = process_tree_rss(os.getpid())
     assert mine is not None and mine > 10_000_000
     assert process_tree_rss(2**22 + 1) is None
+
+
+def test_the_plot_is_a_png_of_the_size_it_says() -> None:
+    """Read back by hand: signature, IHDR, CRCs, and IDAT inflating to one filter byte and
+    width x 3 bytes per row; a title too long for one line is cut, not drawn off the edge."""
+    import struct
+    import zlib
+
+    from builder.verify import plot
+
+    series = plot.Series("x", [(t, t * t) for t in range(30)])
+    data = plot.chart("t" * 500, [plot.Panel("a", "u", [series], limit=500)], "s", width=400)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    at, chunks = 8, {}
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
+        chunks[kind] = body
+        at += 12 + length
+    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
+    assert width == 400 and height > 100
+    assert len(zlib.decompress(chunks[b"IDAT"])) == height * (1 + 3 * width)
+
+
+def test_smoke_url_soak_judges_a_server_the_tool_did_not_start(
+    stacks_dir: Path, run_cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    """`smoke STACK --url URL --soak SECONDS --server-pid PID` through the command line: the
+    smoke passes, then the soak runs on the same server, memory from that process tree."""
+    (stacks_dir / "url-soak.yaml").write_text(
+        "extends: vllm-0.22-b12x\n"
+        "smoke: {concurrency: 2, floors: {single_stream_tok_s: 0, batched_tok_s: 0}}\n"
+    )
+    report = tmp_path / "reports" / "url-soak-url-smoke.json"
+    with fake_chat_server(Behaviour(answers=True)) as server:
+        result = run_cli(
+            "smoke",
+            "url-soak",
+            "--url",
+            url_of(server),
+            "--report",
+            str(report),
+            "--soak",
+            "2",
+            "--server-pid",
+            str(os.getpid()),
+            stacks_dir=stacks_dir,
+        )
+    assert result.exit_code == 0, result.output
+    smoke = json.loads(report.read_text())
+    assert smoke["passed"] and CHECK_STALL in {c["name"] for c in smoke["checks"]}
+    soak = json.loads((tmp_path / "reports" / "url-soak-url-soak.json").read_text())
+    assert soak["passed"] and soak["requests"] > 0
+    assert soak["memory"]["source"] == f"resident set of process {os.getpid()} and its children"
+    assert (tmp_path / "reports" / "url-soak-url-soak.png").is_file()

@@ -16,12 +16,14 @@ from builder.cli.app import (
     user_errors,
 )
 from builder.errors import StackError
+from builder.image import uptodate
 from builder.image.build import BuildOptions, build_stack
 from builder.image.buildcache import CacheSettings, registry_cache
 from builder.image.buildclient import detect_build_client
 from builder.image.cabundle import resolve_ca_bundle
 from builder.image.distribute import pull_stack, push_stack, registry_has_current
 from builder.image.docker_engine import connect_engine
+from builder.image.names import moving_ref
 from builder.image.registry import Registry
 
 #: How long a second build of a stack waits for the first: longer than the longest cold build
@@ -118,6 +120,7 @@ def build(
     from there.
     """
     proxy_ca = resolve_ca_bundle(ca_bundle)
+    taken = uptodate.fingerprint(settings.stacks_dir, [])
     resolved = settings.checked(stack)
     rendered = settings.render(resolved)
     if cache_export and not cache_registry and not (pull_or_build and registry):
@@ -158,6 +161,17 @@ def build(
         lock_wait_s=wait_s,
     )
     outcome = build_stack(resolved, rendered, settings.build_dir, client, engine, options)
+    uptodate.remember(
+        settings.build_dir,
+        settings.stacks_dir,
+        stack,
+        {str(c.source): (c.size, c.mtime_ns) for c in rendered.copied.values()},
+        outcome.content_hash,
+        outcome.image_ref,
+        outcome.image_id,
+        moving_ref(stack),
+        taken,
+    )
     if outcome.reused:
         click.echo(f"up to date: {outcome.image_ref}")
     else:

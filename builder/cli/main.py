@@ -1,13 +1,49 @@
-"""The `sm120-stacks` entry point. Commands live beside their step (stacks.py, verify.py,
-hosts.py, ...) and register on the group in app.py when their module is imported; the group
-imports a command's module only when that command runs (app.COMMAND_MODULES)."""
+"""The `sm120-stacks` entry point. Commands live beside their step (stacks.py, images.py,
+verify.py, hosts.py, ...) and register on the group in app.py when their module is imported;
+the group imports a command's module only when that command runs (app.COMMAND_MODULES).
+
+`build STACK` with nothing to do is answered before any of that is imported
+(builder.image.uptodate): it is the command a Makefile or a CI job runs most.
+"""
 
 from __future__ import annotations
 
-from builder.cli.app import cli
+import os
+import sys
+from pathlib import Path
+from typing import Any
 
-__all__ = ["cli", "main"]
+__all__ = ["main"]
 
 
 def main() -> None:
+    if _noop_build(sys.argv[1:]):
+        return
+    from builder.cli.app import cli
+
     cli(prog_name="sm120-stacks")
+
+
+def _noop_build(args: list[str]) -> bool:
+    """True when `build STACK`, with no option, was found up to date from file metadata."""
+    if len(args) != 2 or args[0] != "build" or args[1].startswith("-"):
+        return False
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://"):
+        return False
+    from builder.image.uptodate import still_built
+
+    ref = still_built(Path("build"), Path("stacks"), args[1], host.removeprefix("unix://"))
+    if ref is None:
+        return False
+    print(f"up to date: {ref}")
+    return True
+
+
+def __getattr__(name: str) -> Any:
+    """`cli` on first use: importing this module must stay cheap for the no-op build."""
+    if name == "cli":
+        from builder.cli.app import cli
+
+        return cli
+    raise AttributeError(name)

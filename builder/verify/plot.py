@@ -180,7 +180,11 @@ def chart(title: str, panels: Sequence[Panel], x_label: str, width: int = 960) -
     panel_h, top, left, right, gap = 170, 34, 70, 20, 38
     height = top + len(panels) * (panel_h + gap) + 16
     canvas = Canvas(width, height)
-    canvas.text(left, 10, title, BLACK, scale=2)
+    room = width - left - right
+    scale = 2 if text_width(title, 2) <= room else 1
+    if text_width(title, scale) > room:
+        title = title[: room // (GLYPH_W + 1) - 3] + "..."
+    canvas.text(left, 10 if scale == 2 else 14, title, BLACK, scale=scale)
     xs = [x for panel in panels for s in panel.series for x, _ in s.points]
     x_max = max(xs, default=1.0) or 1.0
     plot_w = width - left - right

@@ -56,7 +56,7 @@ ALIVE_EVERY_S = 1.0
 CONNECT_TIMEOUT_S = 10.0
 #: After the soak ends (or fails), how long workers get to notice; a request still open then
 #: (cut off by the end, or held by a stalled server) counts neither as done nor as failed.
-GRACE_S = 3.0
+GRACE_S = 1.0
 #: The warm-up (first allocations, caches filling): this share of the soak, within bounds.
 WARMUP_FRACTION, WARMUP_MIN_S, WARMUP_MAX_S = 0.1, 2.0, 120.0
 #: Buckets of the time series: at least one second, at most this many rows.

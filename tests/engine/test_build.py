@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -298,3 +299,41 @@ def test_a_base_that_cannot_be_pulled_is_named_with_the_remedies(tmp_path: Path)
     assert f"--substitute-base {image}=" in error and "SM120_STACKS_BASE_SUBSTITUTE" in error
     assert "make base-cuda-local" in error and "make flagship-local STACK=ci-mini" in error
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.engine
+def test_a_noop_build_is_decided_from_file_metadata_and_yields_to_any_change(
+    cli_process: Callable[..., Any], workspace: Path, ci_mini: dict[str, str]
+) -> None:
+    from builder.image import uptodate
+
+    cli_process("build", "ci-mini")  # records what this build's inputs looked like
+    memo = uptodate.memo_path(workspace / "build", "ci-mini")
+    assert json.loads(memo.read_text())["image_ref"] == ci_mini["ref"]
+    probe = (
+        "import sys; sys.argv = ['sm120-stacks', 'build', 'ci-mini']\n"
+        "from builder.cli.main import main; main()\n"
+        "print(sorted(m for m in ('pydantic', 'jinja2', 'docker') if m in sys.modules), "
+        "file=sys.stderr)"
+    )
+    fast = subprocess.run(
+        [sys.executable, "-c", probe], cwd=workspace, capture_output=True, text=True, check=True
+    )
+    assert fast.stdout.strip() == f"up to date: {ci_mini['ref']}"
+    assert fast.stderr.strip().splitlines()[-1] == "[]", "the no-op path imported the world"
+
+    socket = "/var/run/docker.sock"
+    still = uptodate.still_built
+    assert still(workspace / "build", workspace / "stacks", "ci-mini", socket) == ci_mini["ref"]
+    manifest = workspace / "stacks" / "ci-mini.yaml"
+    stat = manifest.stat()
+    os.utime(manifest, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert still(workspace / "build", workspace / "stacks", "ci-mini", socket) is None
+    # The full path decides (same content: up to date) and records the new metadata.
+    assert "up to date" in cli_process("build", "ci-mini").stdout
+    assert still(workspace / "build", workspace / "stacks", "ci-mini", socket) == ci_mini["ref"]
+
+    # An image that is no longer the one recorded is never taken on trust.
+    data = json.loads(memo.read_text())
+    memo.write_text(json.dumps({**data, "image_id": "sha256:" + "0" * 64}))
+    assert still(workspace / "build", workspace / "stacks", "ci-mini", socket) is None

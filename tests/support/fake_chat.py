@@ -22,6 +22,12 @@ class Behaviour:
     stall_after: int | None = None
     #: Every n-th chat request answers 500.
     fail_every: int | None = None
+    #: Answer the vLLM stacks' smoke questions right (a word per chunk), for `smoke --url`.
+    answers: bool = False
+
+
+#: What a question containing the key is answered, as the vLLM stacks' smoke expects.
+ANSWERS = {"France": "Paris.", "17 + 25": "42", "Kentucky": "The capital of Kentucky is Frankfort."}
 
 
 class _Server(ThreadingHTTPServer):
@@ -48,8 +54,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(200, b"{}", "application/json")
 
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        json.loads(body)
+        request = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+        question = str(request["messages"][-1]["content"])
         with self.server.lock:
             self.server.requests += 1
             number = self.server.requests
@@ -63,12 +69,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
         stall_after = behaviour.stall_after
-        for index in range(behaviour.tokens):
+        words = [f"t{index} " for index in range(behaviour.tokens)]
+        if behaviour.answers:
+            answer = next((a for k, a in ANSWERS.items() if k in question), "A short essay.")
+            words = [f"{word} " for word in answer.split()]
+        for word in words:
             while stall_after is not None and self.server.requests > stall_after:
                 if self.server.closing:
                     return
                 time.sleep(0.05)
-            chunk = {"choices": [{"delta": {"content": f"t{index} "}, "finish_reason": None}]}
+            chunk = {"choices": [{"delta": {"content": word}, "finish_reason": None}]}
             self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
             time.sleep(behaviour.token_delay_s)
         self._chunk(b"data: [DONE]\n\n")
