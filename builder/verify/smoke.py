@@ -649,13 +649,15 @@ def _read_response(response: requests.Response, completion: Completion, began: f
         _apply_json(completion, response.json())
         return
     deltas = 0
-    for event in _sse_events(response):
+    for event in sse_events(response):
         deltas += _apply_chunk(completion, event, began)
     if completion.token_source != "usage":
         completion.tokens = deltas
 
 
-def _sse_events(response: requests.Response) -> Iterator[dict[str, Any]]:
+def sse_events(response: requests.Response) -> Iterator[dict[str, Any]]:
+    """The JSON events of an OpenAI-compatible stream (smoke and soak read it the same way);
+    an error event mid-stream ends it as a ValueError with the server's words."""
     for raw in response.iter_lines(decode_unicode=False):
         line = raw.decode("utf-8", errors="replace").strip()
         if not line.startswith("data:"):

@@ -32,7 +32,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,13 @@ import requests
 from builder.files import write_atomic
 from builder.spec.resolve import ResolvedStack
 from builder.verify import plot
-from builder.verify.smoke import THROUGHPUT_MAX_TOKENS, THROUGHPUT_PROMPT, AfterSmoke, LiveServer
+from builder.verify.smoke import (
+    THROUGHPUT_MAX_TOKENS,
+    THROUGHPUT_PROMPT,
+    AfterSmoke,
+    LiveServer,
+    sse_events,
+)
 
 CHECK_STALL = "soak: no stall"
 CHECK_ERRORS = "soak: error rate"
@@ -248,7 +254,7 @@ class _Soak:
                     raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
                 if "text/event-stream" not in response.headers.get("content-type", ""):
                     raise ValueError("the server did not stream (no text/event-stream answer)")
-                for event in _events(response):
+                for event in sse_events(response):
                     if self.abort.is_set():
                         return
                     if _carries_text(event):
@@ -662,21 +668,6 @@ def _ms(value: float | None) -> str:
 
 
 # --- HTTP --------------------------------------------------------------------------------------
-
-
-def _events(response: requests.Response) -> Iterator[dict[str, Any]]:
-    for raw in response.iter_lines(decode_unicode=False):
-        line = raw.decode("utf-8", errors="replace").strip()
-        if not line.startswith("data:"):
-            continue
-        payload = line[len("data:") :].strip()
-        if payload == "[DONE]":
-            return
-        event = json.loads(payload)
-        if isinstance(event, dict):
-            if "error" in event:
-                raise ValueError(f"server error in stream: {str(event['error'])[:200]}")
-            yield event
 
 
 def _carries_text(event: dict[str, Any]) -> bool:
