@@ -588,3 +588,19 @@ def test_real_h200_output_passes_the_driver_and_fails_the_sm120_target() -> None
     )
     assert not found["gpu"].ok and "is compute 9.0" in found["gpu"].detail
     assert _by_name(facts, gpus=("sm90",))["gpu"].ok
+
+
+def test_a_vllm_pin_keeps_its_compile_caches_on_a_volume(stacks_dir: Path, tmp_path: Path) -> None:
+    """Triton, torch.compile, CuTe-DSL and FlashInfer compiles survive a restart (RESULTS §5)."""
+    from builder.hosts.pins import CACHE_ENV, CACHE_TARGET
+
+    pin = _pin(stacks_dir, tmp_path, env=("TRITON_CACHE_DIR=/elsewhere",))
+    volumes = [(v.source, v.target, v.read_only) for v in pin.volumes]
+    assert (f"sm120-stacks-cache-{STACK}", CACHE_TARGET, False) in volumes
+    assert ("/var/lib/sm120-stacks/models", "/models", False) in volumes
+    for name, value in CACHE_ENV.items():
+        expected = "/elsewhere" if name == "TRITON_CACHE_DIR" else value
+        assert pin.env[name] == expected
+    assert pin.env["VLLM_CACHE_ROOT"].startswith(CACHE_TARGET + "/")
+    own = _pin(stacks_dir, tmp_path, volumes=("/srv/m:/models:ro",))
+    assert [v.target for v in own.volumes] == ["/models"]  # --volume replaces the defaults

@@ -189,3 +189,14 @@ def test_the_h200_logs_are_judged_as_recorded(name: str) -> None:
     for kind, count in expected.items():
         got = by_kind[kind].compiles if kind in by_kind else 0
         assert got == int(count), f"{name}: {kind} compiles {got}, expected {count}"
+
+
+def test_the_h200_control_run_names_each_flashinfer_module_it_built() -> None:
+    """Without the image's cache, vLLM 0.22.1 built the three modules the stack precompiles."""
+    from builder.spec.resolve import resolve
+    from tests.conftest import STACKS
+
+    text = (FIXTURES / "h200-graphs-nofi-warm.log").read_text()
+    (flashinfer,) = [k for k in find_compiles(text).kinds if k.kind == "flashinfer"]
+    assert sorted(flashinfer.names) == sorted(resolve("vllm-0.22-sm90", STACKS).jit_modules)
+    assert flashinfer.failing
