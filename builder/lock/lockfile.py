@@ -214,7 +214,7 @@ def stale_reason(stack: ResolvedStack, lock: Lock) -> str | None:
         return None
     if lock.stack != stack.name:
         return f"it was made for stack {lock.stack!r}"
-    was, now = _flatten(lock.inputs), _flatten(current)
+    was, now = flatten(lock.inputs), flatten(current)
     changed = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
     if not changed:
         return "its inputs_hash does not match its recorded inputs (edited by hand?)"
@@ -514,11 +514,12 @@ def _uv_version(uv: Path) -> str:
     return result.stdout.strip() or "uv (unknown version)"
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted key paths: how a lock's inputs and two stacks are compared."""
     if isinstance(data, dict) and data:
         out: dict[str, Any] = {}
         for key, value in data.items():
-            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
         return out
     return {prefix: data}
 

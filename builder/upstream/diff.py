@@ -9,7 +9,7 @@ from typing import Any, Literal
 from packaging.version import Version
 
 from builder.errors import StackError
-from builder.lock.lockfile import Lock, lock_path, read_lock, stale_reason
+from builder.lock.lockfile import Lock, flatten, lock_path, read_lock, stale_reason
 from builder.render.context import render
 from builder.spec.resolve import ResolvedStack
 from builder.upstream.releases import Kind, classify
@@ -117,15 +117,6 @@ def changes(a: dict[str, Any], b: dict[str, Any]) -> list[Change]:
         only: Literal["a", "b"] | None = "a" if vb is _ABSENT else "b" if va is _ABSENT else None
         out.append(Change(key, None if va is _ABSENT else va, None if vb is _ABSENT else vb, only))
     return out
-
-
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict) and data:
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: data}
 
 
 def diff_locks(a: ResolvedStack, b: ResolvedStack) -> LockDiff:
