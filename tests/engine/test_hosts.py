@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 import yaml
 
@@ -150,8 +151,12 @@ def deployed(
     stacks = workspace / "stacks"
     (stacks / f"{STACK}.yaml").write_text(_manifest(registry_base))
     locked = cli_process("lock", STACK)
-    built = cli_process("build", STACK)
     content_hash = render(resolve(STACK, stacks)).content_hash()
+    # The tests read this build's context and log: an image of the same content left on the
+    # engine by an earlier run would make the build a no-op (its layers stay cached).
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        api.images.remove(local_ref(STACK, content_hash), force=True)
+    built = cli_process("build", STACK)
     record = load_record(workspace / "build", STACK, content_hash)
     record.tests = "passed"  # what `sm120-stacks test` records when the image passes
     save_record(workspace / "build", record)
