@@ -86,10 +86,6 @@ def remember(
     write_atomic(memo_path(build_dir, stack), json.dumps(memo, sort_keys=True) + "\n")
 
 
-def forget(build_dir: Path, stack: str) -> None:
-    memo_path(build_dir, stack).unlink(missing_ok=True)
-
-
 def still_built(build_dir: Path, stacks_dir: Path, stack: str, socket_path: str) -> str | None:
     """The image ref when nothing changed since the last build and the engine still has the
     image with its bases unmoved (the moving tag is set again); None to take the full path."""
