@@ -77,8 +77,14 @@ def repo(stacks_dir: Path, tmp_path: Path) -> Path:
     return tmp_path
 
 
-def tool(repo: Path, *args: str, hold: str | None = None) -> subprocess.Popen[str]:
+def tool(
+    repo: Path, *args: str, hold: str | None = None, release: Path | None = None
+) -> subprocess.Popen[str]:
+    """`sm120-stacks ARGS` in repo; `hold`: held at the write of a file ending so, until
+    `release` exists (or killed there)."""
     env = dict(os.environ)
+    if release is not None:
+        env["SM120_TEST_RELEASE"] = str(release)
     if hold is not None:
         hook = repo / "hook"
         hook.mkdir(exist_ok=True)

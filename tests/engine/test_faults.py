@@ -22,7 +22,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tarfile
 import threading
 import time
@@ -35,11 +34,10 @@ from typing import Any
 
 import pytest
 
-from builder import REPO_ROOT
 from builder.image.names import HASH_CHARS, REPOSITORY, content_tag, local_ref, moving_ref
 from builder.render.context import render
 from builder.spec.resolve import resolve
-from tests.test_faults import HOLD_REPLACE_HOOK
+from tests.test_faults import tool as start_tool
 
 pytestmark = pytest.mark.engine
 
@@ -187,30 +185,6 @@ def blob_stack(workspace: Path, api: Any, ci_mini: dict[str, str]) -> Iterator[t
     yield name, content_hash
     with contextlib.suppress(Exception):
         api.images.remove(ref, force=True)
-
-
-def start_tool(
-    workspace: Path, *args: str, hold: str | None = None, release: Path | None = None
-) -> subprocess.Popen[str]:
-    """`sm120-stacks ARGS` in the workspace; `hold`: held at the write of a file ending so, until
-    `release` exists (or killed there)."""
-    env = dict(os.environ)
-    if release is not None:
-        env["SM120_TEST_RELEASE"] = str(release)
-    if hold is not None:
-        hook = workspace / "hook"
-        hook.mkdir(exist_ok=True)
-        (hook / "sitecustomize.py").write_text(HOLD_REPLACE_HOOK)
-        env["PYTHONPATH"] = os.pathsep.join([str(hook), str(REPO_ROOT)])
-        env["SM120_TEST_HOLD_REPLACE"] = hold
-    return subprocess.Popen(
-        [sys.executable, "-m", "builder", *args],
-        cwd=workspace,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def record_file(workspace: Path, name: str, content_hash: str) -> Path:
