@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
+from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR
 from builder.errors import EXIT_BAD_INPUT, OperationFailed, StackError
 from builder.image.address import use as use_engine
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
@@ -204,14 +205,14 @@ def import_all_commands() -> None:
 @click.option(
     "--stacks-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    default=Path("stacks"),
+    default=DEFAULT_STACKS_DIR,
     show_default=True,
     help="Folder of stack manifests (NAME.yaml).",
 )
 @click.option(
     "--build-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    default=Path("build"),
+    default=DEFAULT_BUILD_DIR,
     show_default=True,
     help="Where build contexts, logs and reports go.",
 )

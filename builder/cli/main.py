@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Any
+
+from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR
 
 __all__ = ["main"]
 
@@ -33,7 +34,8 @@ def _noop_build(args: list[str]) -> bool:
         return False
     from builder.image.uptodate import still_built
 
-    ref = still_built(Path("build"), Path("stacks"), args[1], host.removeprefix("unix://"))
+    socket_path = host.removeprefix("unix://")
+    ref = still_built(DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR, args[1], socket_path)
     if ref is None:
         return False
     print(f"up to date: {ref}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from builder import REPO_ROOT
 from builder.files import write_atomic
+from builder.image.engine import EngineError
 from builder.image.engine_socket import SocketApi
 
 #: Folders of the repository whose files can change a content hash.
@@ -108,9 +109,5 @@ def still_built(build_dir: Path, stacks_dir: Path, stack: str, socket_path: str)
         repository, _, tag = memo["moving_ref"].rpartition(":")
         api.tag(image.id, repository, tag)
         return str(memo["image_ref"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    except Exception as exc:  # an engine error: the full path reports it properly
-        if exc.__class__.__module__.startswith("builder."):
-            return None
-        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EngineError):
+        return None  # a damaged memo or an engine error: the full path decides and reports it
