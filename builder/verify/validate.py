@@ -47,13 +47,9 @@ def run_static_checks(
     image = engine.image(image_ref)
     if image is None:
         raise StackError(f"there is no image {image_ref} to check")
-    inspect = image.attrs
-    # Kept beside the report, so a failed check can be replayed by hand.
-    write_atomic(workdir / "expectations.json", json.dumps(expect, indent=2))
-    write_atomic(workdir / "inspect.json", json.dumps(inspect))
     from builder.verify.run_checks import CheckInputs, run_checks  # pytest: only when checking
 
-    inputs = CheckInputs(expect, inspect, proxy_ca_lines(proxy_ca))
+    inputs = CheckInputs(expect, image.attrs, proxy_ca_lines(proxy_ca))
     container = engine.run(
         ContainerSpec(
             image=image_ref,
