@@ -90,6 +90,10 @@ VARIANTS: dict[str, tuple[str, str]] = {
         "vllm-0.22-marlin",
         "python: {packages: {flashinfer-python: 0.6.14}}",
     ),
+    "cuda-python-12.6-overwrites-cuda-bindings": (
+        "vllm-0.33-marlin",
+        "python: {packages: {cuda-python: 12.6.2.post1, cuda-bindings: 13.5.0}}",
+    ),
     "b12x-moe-illegal-memory-access-sm121": (
         "vllm-0.33-spark",
         "serve: {moe_backend: flashinfer_b12x}",
@@ -128,6 +132,10 @@ PAST_THE_FIX: dict[str, tuple[str, str]] = {
     "flashinfer-cubin-version-differs": (
         "vllm-0.22-marlin",
         "python: {packages: {flashinfer-python: 0.6.14, flashinfer-cubin: 0.6.14}}",
+    ),
+    "cuda-python-12.6-overwrites-cuda-bindings": (
+        "vllm-0.33-marlin",
+        "python: {packages: {cuda-python: 13.4.4, cuda-bindings: 13.4.4}}",
     ),
     "b12x-moe-illegal-memory-access-sm121": ("vllm-0.33-b12x", "gpus: [sm120]"),
     "cute-dsl-arch-not-sm121a-on-gb10": ("vllm-0.33-spark", "env: {CUTE_DSL_ARCH: sm_121a}"),
