@@ -16,16 +16,17 @@ import click
 from builder.cli.app import Settings, cli, pass_settings, user_errors
 from builder.cli.fleet import all_pins, deploy_all, one_report, verify_all
 from builder.errors import StackError, ToolMissing
-from builder.hosts import remote
+from builder.hosts import remote, topology
 from builder.hosts.deploy import apply, write_files
-from builder.hosts.hostcheck import Finding, check, gather, requirements_for
-from builder.hosts.pins import PinOptions, load_pin, make_pin, write_pin
+from builder.hosts.hostcheck import Finding, Probe, check, gather, requirements_for
+from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, write_pin
 from builder.image.address import check_address
 from builder.image.docker_engine import connect_engine
 from builder.image.engine import Engine
 from builder.image.records import load_record
 from builder.image.registry import Registry
 from builder.lock.lockfile import UNPINNED, lock_path, make_lock, read_lock, write_lock
+from builder.spec.serve import serve_argv
 
 EXIT_DRIFT = 1
 
@@ -300,7 +301,11 @@ def _one_or_all(host: str | None, every: bool) -> None:
 
 
 @cli.command()
-@click.option("--host", help="Check against this host's pin (its GPUs, driver minimum).")
+@click.option(
+    "--host",
+    help="Check against this host's pin (its GPUs, driver minimum, tensor parallelism); a pin "
+    "with an ssh:// engine: that host, over ssh.",
+)
 @click.option("--stack", help="Check against this stack's GPU targets and CUDA driver minimum.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @hosts_dir_option
@@ -313,34 +318,73 @@ def doctor(
     as_json: bool,
     hosts_dir: Path | None,
 ) -> None:
-    """Host prerequisites for serving: engine, NVIDIA driver, GPUs, container runtime.
+    """Host prerequisites for serving: engine, NVIDIA driver, GPUs, container runtime; for a
+    pin or stack serving on several GPUs, what tensor parallelism over PCIe needs (P2P between
+    its GPUs, no ACS redirect on the bridges between them, no translating IOMMU).
 
     Exit status: 0 all present, 1 something is missing (each with its fix), 2 bad input.
     """
     if host and stack:
         raise StackError("give --host or --stack, not both", key="--host")
-    needs, selected = None, None
+    needs, selected, serve, pinned = None, None, None, None
     if host:
         pinned = load_pin(_hosts_dir(settings, hosts_dir), host)
         needs, selected = pinned.needs.requirements(), pinned.gpu_indices
+        serve = topology.serve_of(
+            f"the pin of {host}", pinned.command, pinned.env, pinned.gpu_indices
+        )
     elif stack:
         resolved = settings.resolve(stack)
         needs = requirements_for(list(resolved.manifest.gpus), resolved.arch.min_driver)
-    engine, why = _engine()
-    findings = check(gather(engine, why), needs, selected)
+        serve = topology.serve_of(
+            f"stack {stack}", serve_argv(resolved), resolved.manifest.env, None
+        )
+    probe = _probe(pinned)
+    if pinned is None:
+        engine, why = _engine()
+        facts = gather(engine, why)  # prerequisites read here, as probe does
+    else:
+        engine, why = remote.try_connect(pinned)
+        facts = gather(engine, why, probe)
+    findings = check(facts, needs, selected)
+    if serve is None:
+        findings += topology.not_checked(len(facts.gpus))
+    else:
+        findings += topology.check(serve, probe)
     _print_findings(findings, as_json)
     if not all(f.ok for f in findings):
         sys.exit(EXIT_DRIFT)
 
 
+def _probe(pinned: Pin | None) -> Probe:
+    """How doctor reads the host: the pin's host (over ssh for an ssh:// engine), else here."""
+    return Probe() if pinned is None else remote.probe(pinned)
+
+
 def _print_findings(findings: list[Finding], as_json: bool) -> None:
     if as_json:
-        rows = [{"name": f.name, "ok": f.ok, "detail": f.detail, "fix": f.fix} for f in findings]
+        rows = [
+            {
+                "name": f.name,
+                "ok": f.ok,
+                "warn": f.warn,
+                "detail": f.detail,
+                "fix": f.fix,
+                "evidence": list(f.evidence),
+            }
+            for f in findings
+        ]
         click.echo(json.dumps(rows, indent=2))
         return
     for f in findings:
-        click.echo(f"{'ok  ' if f.ok else 'FAIL'}  {f.name}: {f.detail}")
-        if not f.ok and f.fix:
-            click.echo(f"      fix: {f.fix}")
+        mark = "FAIL" if not f.ok else "warn" if f.warn else "ok  "
+        click.echo(f"{mark}  {f.name}: {f.detail}")
+        if not f.ok or f.warn:
+            if f.fix:
+                click.echo(f"      fix: {f.fix}")
+            if f.evidence:
+                click.echo(f"      see: {' '.join(f.evidence)}")
     failed = sum(not f.ok for f in findings)
-    click.echo(f"{failed} prerequisite(s) missing" if failed else "all prerequisites present")
+    warned = sum(f.ok and f.warn for f in findings)
+    summary = f"{failed} prerequisite(s) missing" if failed else "all prerequisites present"
+    click.echo(summary + (f", {warned} warning(s)" if warned else ""))

@@ -68,15 +68,27 @@ class Finding:
     ok: bool
     detail: str
     fix: str = ""
+    #: ok, but at a cost or not fully checked: shown as a warning, not counted as missing.
+    warn: bool = False
+    #: Where the detail and the fix come from (URLs), for findings read from knowledge/.
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass
 class Probe:
-    """How facts are gathered; defaults run on this machine."""
+    """How facts are gathered; defaults run on this machine.
+
+    cmdline and sysfs are paths on the probed host, read through `run` (`cat`, `ls`), so an ssh
+    runner reads that host's; tests point them at files of their own.
+    """
 
     run: Runner = field(default=lambda argv: _run(argv))
     which: Callable[[str], str | None] = shutil.which
     cdi_dirs: tuple[Path, ...] = CDI_DIRS
+    #: The kernel command line (iommu= options).
+    cmdline: Path = Path("/proc/cmdline")
+    #: Where sysfs is mounted (a PCI device's IOMMU group, the IOMMU units).
+    sysfs: Path = Path("/sys")
 
 
 def requirements_for(targets: Sequence[str], min_driver: str | None) -> Requirements:

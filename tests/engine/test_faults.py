@@ -181,10 +181,12 @@ def blob_stack(workspace: Path, api: Any, ci_mini: dict[str, str]) -> Iterator[t
             tar.addfile(info, io.BytesIO(data))
     context.seek(0)
     ref = local_ref(name, content_hash)
-    api.images.build(fileobj=context, custom_context=True, tag=ref, rm=True)
+    image, _ = api.images.build(fileobj=context, custom_context=True, tag=ref, rm=True)
     yield name, content_hash
+    # By id, with force: the pushes tagged it once per registry (127.0.0.1:PORT/...), and
+    # removing only `ref` left those tags behind, 2 per run.
     with contextlib.suppress(Exception):
-        api.images.remove(ref, force=True)
+        api.images.remove(image.id, force=True)
 
 
 def record_file(workspace: Path, name: str, content_hash: str) -> Path:
