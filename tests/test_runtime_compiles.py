@@ -98,6 +98,24 @@ RECORDED = [
     (
         "cute_dsl",
         "compile",
+        "b12x_moe_sm120a_cute_dsl/static_k4096_n1024_t8_r128_0123456789abcdef",
+        None,
+        "(EngineCore pid=4242) 2026-11-30 20:41:07,001 - INFO - cute_dsl_core.py:177 - "
+        "flashinfer.jit: Compiling CuTe-DSL kernel "
+        "b12x_moe_sm120a_cute_dsl/static_k4096_n1024_t8_r128_0123456789abcdef",
+    ),
+    (
+        "cute_dsl",
+        "load",
+        "b12x_moe_sm120a_cute_dsl/dynamic_e128_k4096_n1024_t8_fedcba9876543210",
+        None,
+        "2026-11-30 20:41:07,001 - DEBUG - cute_dsl_core.py:153 - flashinfer.jit: Loaded cached "
+        "CuTe-DSL kernel from /var/cache/sm120-stacks/flashinfer/.cache/flashinfer/0.7.2.post1/"
+        "120f/cached_ops/b12x_moe_sm120a_cute_dsl/dynamic_e128_k4096_n1024_t8_fedcba9876543210.o",
+    ),
+    (
+        "cute_dsl",
+        "compile",
         "b12x_moe_kernel",
         None,
         "2026-11-30 20:41:07,001 - CUTE_DSL - INFO - [jit_runner] - JIT cache miss "
@@ -115,6 +133,11 @@ RECORDED = [
 
 QUIET = [
     "ninja: no work to do.",
+    # FlashInfer 0.7.2.post1's lines around a CuTe-DSL compile that are no compile themselves
+    "2026-11-30 20:41:09,001 - INFO - cute_dsl_core.py:266 - flashinfer.jit: Persisted CuTe-DSL "
+    "kernel to /opt/x/cached_ops/b12x_moe_sm120a_cute_dsl/static_k1_n1_t1_r1_0123456789abcdef.o",
+    "2026-11-30 20:41:09,001 - INFO - cute_dsl_core.py:174 - flashinfer.jit: Invalidating stale "
+    "CuTe-DSL module b12x_moe_sm120a_cute_dsl",
     "(EngineCore pid=1) INFO [monitor.py:82] Initial profiling/warmup run took 0.41 s",
     "(EngineCore pid=1) INFO [jit_monitor.py:54] Kernel JIT monitor activated — Triton JIT "
     "compilations during inference will be logged as warnings.",
@@ -150,7 +173,15 @@ def test_only_the_kinds_an_image_precompiles_fail_the_smoke() -> None:
     assert by_kind["torch_compile"].compiles == 3
     assert by_kind["torch_compile"].loads == 2
     assert by_kind["torch_compile"].total_seconds == pytest.approx(26.52)
-    assert by_kind["cute_dsl"].compiles == 1 and by_kind["cute_dsl"].loaded == ["b12x_moe_kernel"]
+    assert by_kind["cute_dsl"].compiles == 2
+    assert by_kind["cute_dsl"].names == [
+        "b12x_moe_sm120a_cute_dsl/static_k4096_n1024_t8_r128_0123456789abcdef",
+        "b12x_moe_kernel",
+    ]
+    assert by_kind["cute_dsl"].loaded == [
+        "b12x_moe_sm120a_cute_dsl/dynamic_e128_k4096_n1024_t8_fedcba9876543210",
+        "b12x_moe_kernel",
+    ]
 
 
 def test_the_smoke_check_names_the_compiles_and_the_table_lists_every_kind() -> None:

@@ -117,6 +117,7 @@ def test_the_cli_judges_a_running_server_and_names_what_it_read(
     answers = [c["detail"] for c in report["checks"] if c["name"] == CHECK_ANSWER]
     assert answers and all("Frankfort" in a for a in answers)
     assert report["runtime_compiles"] == {"kinds": [], "events": []}
+    assert report["kernel_cache"] is None  # no --jit-cache-dir: no cache listed
     assert "Uvicorn running" in server_log_path(report_path).read_text()
     assert "runtime compiles in the server log" in result.stderr
 

@@ -16,7 +16,8 @@ from builder.image.cabundle import resolve_ca_bundle
 from builder.image.docker_engine import connect_engine
 from builder.image.engine import Engine
 from builder.spec.resolve import ResolvedStack
-from builder.verify.report import TestReport
+from builder.verify.kernel_cache import container_watch, directory_watch, summary_lines
+from builder.verify.report import CacheRow, TestReport
 from builder.verify.validate import SmokeRunner, validate
 
 
@@ -30,18 +31,41 @@ def print_report(report: TestReport) -> None:
         cache = Table("module", "arch", "size", "status", "detail", title="FlashInfer JIT cache")
         for row in report.jit_cache:
             cache.add_row(
-                escape(row.module),
+                escape(_row_name(row)),
                 " ".join(row.archs),
-                f"{row.bytes / 1e6:.1f} MB",
+                "-" if row.kind == "not-precompiled" else f"{row.bytes / 1e6:.1f} MB",
                 row.status,
-                row.detail[:80],
+                escape(_row_detail(row)),
             )
         out.print(cache)
+    kernels = (report.smoke or {}).get("kernel_cache")
+    for line in summary_lines(kernels, indent="", kernels=False):
+        out.print(escape(line))
+    if kernels is None and any(r.kind == "not-precompiled" for r in report.jit_cache):
+        out.print("not-precompiled kernels compile on the serving GPU: the GPU smoke lists each")
     if report.smoke_skipped:
         out.print(f"GPU smoke: SKIPPED - {report.smoke_skipped}")
     elif report.smoke is not None:
         out.print(f"smoke: {'pass' if report.smoke.get('passed') else 'FAIL'}")
     out.print(f"{'PASSED' if report.passed else 'FAILED'}  report: {report.path}")
+
+
+def _row_name(row: CacheRow) -> str:
+    """A cached kernel, shorter: its folder without the _cute_dsl suffix, its key digest cut to
+    6 hex (b12x_moe_sm120a/static_k4096_n1024_t8_r128_1bbab3); the JSON keeps the file's name."""
+    if row.kind != "cached-kernel":
+        return row.module
+    folder, _, kernel = row.module.partition("/")
+    digest = row.shape.get("digest")
+    if digest and kernel.endswith(f"_{digest}"):
+        kernel = kernel.removesuffix(digest) + digest[:6]
+    return f"{folder.removesuffix('_cute_dsl')}/{kernel}"
+
+
+def _row_detail(row: CacheRow) -> str:
+    if row.kind == "cached-kernel":  # the shape is in the name already
+        return row.detail.split("; ", 1)[-1][:80]
+    return row.detail if row.kind == "not-precompiled" else row.detail[:80]
 
 
 #: `test --soak` and `smoke --soak`: the manifest's smoke.soak.seconds unless given.
@@ -136,6 +160,7 @@ def _smoke_runner(
             stack,
             mounts=mounts,
             gpu=needs_gpu,
+            kernel_cache=container_watch(engine, image_ref, stack),
             report_path=report_dir / f"{stack.name}-smoke.json",
             log=lambda line: click.echo(line, err=True),
             after=soak.after_smoke(
@@ -178,6 +203,14 @@ def _smoke_runner(
     type=click.Path(path_type=Path, dir_okay=False),
     help="Where the JSON report goes (default build/STACK/reports/STACK-url-smoke.json).",
 )
+@click.option(
+    "--jit-cache-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    metavar="PATH",
+    help="The server's runtime cache directory on this machine (e.g. the host path of the pin's "
+    "cache volume): its GPU-compiled kernels (FlashInfer's CuTe-DSL cache) are listed before "
+    "the requests and after, each a hit or a miss.",
+)
 @soak_option
 @click.option(
     "--server-pid",
@@ -196,6 +229,7 @@ def smoke_command(
     server_log: Path | None,
     model: str | None,
     report_path: Path | None,
+    jit_cache_dir: Path | None,
     soak_s: int | None,
     server_pid: int | None,
     as_json: bool,
@@ -218,6 +252,7 @@ def smoke_command(
         report_path=path,
         server_log=server_log,
         model=model,
+        kernel_cache=directory_watch(resolved, jit_cache_dir) if jit_cache_dir else None,
         log=lambda line: click.echo(line, err=True),
         after=soak.after_smoke(
             resolved,

@@ -18,6 +18,12 @@ class CheckResult:
     detail: str = ""
 
 
+#: What a JIT-table row is: a module the image precompiled (status hit, stale, miss,
+#: wrong-arch), a kernel family the manifest says is not precompiled (status not-precompiled),
+#: or one kernel the GPU smoke found in the server's disk cache (status hit, miss, removed).
+ROW_KINDS = ("module", "not-precompiled", "cached-kernel")
+
+
 @dataclass
 class CacheRow:
     module: str
@@ -25,6 +31,9 @@ class CacheRow:
     bytes: int
     status: str
     detail: str = ""
+    kind: str = "module"
+    #: A cached kernel's shape key, parsed from its file name (kind, sizes, digest).
+    shape: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

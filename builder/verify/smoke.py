@@ -48,6 +48,7 @@ from builder.image.engine import (
 from builder.spec.resolve import ResolvedStack
 from builder.verify.compiles import CompileFindings, compile_kinds, find_compiles
 from builder.verify.garbage import answer_matches, garbage_reasons
+from builder.verify.kernel_cache import KernelCacheWatch, summary_lines
 
 # --- check names (the reasons a smoke fails) ---------------------------------------------------
 CHECK_START = "container starts"
@@ -133,6 +134,9 @@ class SmokeReport:
     server_log: str | None = None
     #: Runtime compiles found in the server log, per kind (`verify.compiles`); None: no log read.
     runtime_compiles: dict[str, Any] | None = None
+    #: The kernels a disk cache held before the smoke and after it, each hit or miss
+    #: (`verify.kernel_cache`); None: no cache listed.
+    kernel_cache: dict[str, Any] | None = None
     #: The soak's summary when one ran after the smoke (`verify.soak`); its checks are above.
     soak: dict[str, Any] | None = None
     #: "container" (the tool served the image) or "url" (a server it did not start).
@@ -215,9 +219,12 @@ def run_smoke(
     report_path: Path,
     log: Callable[[str], None] = print,
     after: AfterSmoke | None = None,
+    kernel_cache: KernelCacheWatch | None = None,
 ) -> SmokeReport:
     """Serve image_ref, judge its answers, write the JSON report and the server log; `after`
-    (the soak) runs on the same server when the smoke passed so far."""
+    (the soak) runs on the same server when the smoke passed so far. `kernel_cache` lists the
+    server's disk cache of GPU-compiled kernels before the container starts and in it after the
+    requests, and says which kernels were hits and which misses."""
     smoke = stack.manifest.smoke
     report = SmokeReport(
         stack=stack.name,
@@ -229,6 +236,8 @@ def run_smoke(
         report_path=str(report_path),
     )
     began = time.monotonic()
+    if kernel_cache is not None:
+        kernel_cache.before()
     container = _start(engine, image_ref, stack, mounts, gpu, report, log)
     try:
         if container is not None:
@@ -239,8 +248,11 @@ def run_smoke(
             server.check_alive()
     finally:
         if container is not None:
+            if kernel_cache is not None:
+                kernel_cache.after(container)
             _collect_log(container, report, report_path)
             _remove(container)
+            _judge_kernel_cache(report, kernel_cache)
         report.duration_s = round(time.monotonic() - began, 2)
         _write_report(report, report_path)
     log(format_table(report))
@@ -256,6 +268,7 @@ def run_smoke_url(
     log: Callable[[str], None] = print,
     after: AfterSmoke | None = None,
     model: str | None = None,
+    kernel_cache: KernelCacheWatch | None = None,
 ) -> SmokeReport:
     """The same judge for a server the tool did not start, already running at base_url.
 
@@ -263,6 +276,9 @@ def run_smoke_url(
     runtime compiles); without one, compiles are not judged and the report says so. The
     server must run with SMOKE_ENV for FlashInfer's compiles to print at all. model: the
     name the server serves, where it is not the manifest's (served_model_name or model id).
+    kernel_cache: the server's cache directory on this machine, listed before the first request
+    and after the last (a kernel compiled while the server started before the smoke shows as
+    a hit there, unless the log names its compile).
     """
     smoke = stack.manifest.smoke
     report = SmokeReport(
@@ -276,6 +292,8 @@ def run_smoke_url(
         report_path=str(report_path),
     )
     began = time.monotonic()
+    if kernel_cache is not None:
+        kernel_cache.before()
     try:
         server = _UrlServer(base_url, stack, report, log, server_log)
         server.model = model or server.model
@@ -285,6 +303,8 @@ def run_smoke_url(
             _run_after(server, after, None)
         server.check_alive()
     finally:
+        if kernel_cache is not None:
+            kernel_cache.after(None)
         if server_log is not None:
             text = server_log.read_text(errors="replace") if server_log.is_file() else ""
             path = server_log_path(report_path)
@@ -294,6 +314,7 @@ def run_smoke_url(
                 judge_compiles(report, text)
             else:
                 report.add(CHECK_JIT, False, f"server log {server_log} is missing or empty")
+        _judge_kernel_cache(report, kernel_cache)
         report.duration_s = round(time.monotonic() - began, 2)
         _write_report(report, report_path)
     log(format_table(report))
@@ -747,6 +768,13 @@ def judge_compiles(report: SmokeReport, text: str) -> CompileFindings:
     return findings
 
 
+def _judge_kernel_cache(report: SmokeReport, watch: KernelCacheWatch | None) -> None:
+    """Hit or miss per cached kernel, held against the log's compile lines: shown and counted,
+    never a failed check (a miss is what a first start on an empty cache does)."""
+    if watch is not None:
+        report.kernel_cache = watch.result(report.runtime_compiles).to_json()
+
+
 def _file_tail(path: Path | None) -> list[str]:
     if path is None or not path.is_file():
         return []
@@ -789,6 +817,7 @@ def format_table(report: SmokeReport) -> str:
         f" | batched {_num(report.batched_tok_s, 'tok/s')} at {report.concurrency} concurrent"
     )
     lines += _compile_lines(report)
+    lines += summary_lines(report.kernel_cache)
     lines.append(f"  report {report.report_path}; server log {report.server_log}")
     return "\n".join(lines)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -66,9 +67,15 @@ def run_static_checks(
 
 
 def cache_table(engine: Engine, stack: ResolvedStack, image_ref: str) -> list[CacheRow]:
-    """The JIT-cache verification output of the image's own tool, run in its own environment."""
-    if not stack.jit_modules:
-        return []
+    """The JIT table: the verification output of the image's own tool for every module it
+    precompiled (run in its own environment), then each kernel family the manifest says is not
+    precompiled (`jit_cache.not_precompiled`: they compile on the serving GPU; the GPU smoke
+    adds each such kernel it finds cached, hit or miss)."""
+    rows = module_rows(engine, stack, image_ref) if stack.jit_modules else []
+    return rows + not_precompiled_rows(stack)
+
+
+def module_rows(engine: Engine, stack: ResolvedStack, image_ref: str) -> list[CacheRow]:
     tool = "/opt/sm120-stacks/tools/flashinfer_jit.py"
     output = _run_capture(engine, image_ref, ["python", tool, "verify", *stack.jit_modules])
     expected = stack.module_archs()
@@ -90,6 +97,56 @@ def cache_table(engine: Engine, stack: ResolvedStack, image_ref: str) -> list[Ca
                 )
             )
     return rows
+
+
+#: How long the short form of a `why` may be (the JSON keeps it; the table cuts it further).
+WHY_CHARS = 160
+
+
+def not_precompiled_rows(stack: ResolvedStack) -> list[CacheRow]:
+    """A row per `jit_cache.not_precompiled` entry: status not-precompiled, its why cut short."""
+    return [
+        CacheRow(entry.what, [], 0, "not-precompiled", short_why(entry.why), "not-precompiled")
+        for entry in stack.manifest.jit_cache.not_precompiled
+    ]
+
+
+def short_why(text: str, limit: int = WHY_CHARS) -> str:
+    """The first sentence of a why (a full stop before a capital: version numbers and file
+    names keep theirs), cut at a word within limit."""
+    text = " ".join(text.split())
+    first = re.split(r"(?<=[.!?])\s+(?=[A-Z])", text, maxsplit=1)[0]
+    if len(first) <= limit:
+        return first
+    return first[: limit - 3].rsplit(" ", 1)[0].rstrip(",;:(") + "..."
+
+
+def kernel_rows(cache: dict[str, Any] | None) -> list[CacheRow]:
+    """The smoke's cached kernels (its report's `kernel_cache`) as JIT-table rows."""
+    if not cache:
+        return []
+    return [
+        CacheRow(
+            row["name"],
+            [row["arch"]] if row.get("arch") else [],
+            row["bytes"],
+            row["status"],
+            row["detail"],
+            "cached-kernel",
+            row.get("shape") or {},
+        )
+        for row in cache.get("kernels", [])
+    ]
+
+
+def add_smoke(report: TestReport, outcome: dict[str, Any] | str) -> None:
+    """The smoke's outcome into the report: why it was skipped, or its JSON report and, in the
+    JIT table, each cached kernel it found hit or miss (none of them a failure)."""
+    if isinstance(outcome, str):
+        report.smoke_skipped = outcome
+    else:
+        report.smoke = outcome
+        report.jit_cache += kernel_rows(outcome.get("kernel_cache"))
 
 
 def _run_capture(engine: Engine, image_ref: str, command: list[str]) -> str:
@@ -157,11 +214,7 @@ def validate(
         )
     report.jit_cache = cache_table(engine, stack, image_ref)
     if smoke is not None:
-        outcome = smoke(image_ref, stack_dir)
-        if isinstance(outcome, str):
-            report.smoke_skipped = outcome
-        else:
-            report.smoke = outcome
+        add_smoke(report, smoke(image_ref, stack_dir))
     path = stack_dir / f"{stack.name}-{content_hash[:HASH_CHARS]}.json"
     report.path = str(path)
     write_atomic(path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
