@@ -270,7 +270,7 @@ def render(
         mode = EXECUTABLE if os.access(tool, os.X_OK) else REGULAR
         files[f"tools/{tool.name}"] = (tool.read_bytes(), mode)
     files["tools/jit-modules.json"] = (
-        (json.dumps(jit_module_table(), indent=2, sort_keys=True) + "\n").encode(),
+        (json.dumps(jit_module_table(stack), indent=2, sort_keys=True) + "\n").encode(),
         REGULAR,
     )
     copied: dict[str, CopiedFile] = {}

@@ -69,3 +69,14 @@ def locate(key_path: tuple[Any, ...], docs: list[YamlDocument]) -> tuple[YamlDoc
             if key_path[:end] in doc.lines:
                 return doc, doc.lines[key_path[:end]]
     return docs[0], None
+
+
+def error_at(
+    docs: list[YamlDocument],
+    key_path: tuple[str | int, ...],
+    message: str,
+    hint: str | None = None,
+) -> StackError:
+    """An error at the manifest (child first) that spells out key_path, with its line."""
+    doc, line = locate(key_path, docs)
+    return StackError(message, file=doc.path, key=dotted(key_path), line=line, hint=hint)

@@ -172,14 +172,26 @@ class Model(Strict):
     moe: bool = False
     #: Quantization of an MTP / draft head shipped with the model (NVIDIA ships some unquantized).
     draft_head_quantization: Literal["nvfp4", "fp8", "bf16", "fp16"] | None = None
-    #: Model dimensions from its config.json, where a rule needs them (e.g. the width of each
-    #: GPU's slice under tensor parallelism). Facts for `check` only: they do not shape the
-    #: image, and unset ones stay out of the manifest's JSON (and so out of the content hash).
+    #: Model facts from its config.json, where a rule or a derivation needs them (e.g. the width
+    #: of each GPU's slice under tensor parallelism, the head dim of the attention modules to
+    #: precompile). Unset ones stay out of the manifest's JSON (and so out of the content hash).
     hidden_size: int | None = Field(default=None, ge=1)
     intermediate_size: int | None = Field(default=None, ge=1)
     moe_intermediate_size: int | None = Field(default=None, ge=1)
     num_experts: int | None = Field(default=None, ge=1)
+    #: The attention layers' head dimension (config.json head_dim; text_config.head_dim for a
+    #: multimodal model). vLLM's FlashInfer attention modules are specialised by it: a stack
+    #: whose serve path reaches them needs it (knowledge/attention_routes.yaml).
     head_dim: int | None = Field(default=None, ge=1)
+    #: Set only when every attention layer FlashInfer serves uses a sliding window
+    #: (config.json sliding_window) or a logits soft cap (attn_logit_softcapping): FlashInfer
+    #: builds other modules for them (use_swa_True, use_logits_cap_True).
+    sliding_window: int | None = Field(default=None, ge=1)
+    logits_soft_cap: float | None = Field(default=None, gt=0)
+    #: The KV cache dtype the checkpoint's own quantization config asks for (a ModelOpt
+    #: checkpoint's kv_cache_quant_algo FP8 is fp8_e4m3): from vLLM 0.22 on, `--kv-cache-dtype
+    #: auto` (or none) serves the KV cache in it, which decides the attention backend on sm12x.
+    checkpoint_kv_cache_dtype: Literal["fp8", "fp8_e4m3", "fp8_e5m2"] | None = None
 
     @model_serializer(mode="wrap")
     def _without_unset_dimensions(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -196,6 +208,9 @@ MODEL_DIMENSIONS = (
     "moe_intermediate_size",
     "num_experts",
     "head_dim",
+    "sliding_window",
+    "logits_soft_cap",
+    "checkpoint_kv_cache_dtype",
 )
 
 

@@ -12,21 +12,23 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
 from builder import REPO_ROOT
 from builder.errors import StackError
 from builder.spec.archflags import ArchFlags, arch_table, cuda_facts, derive
-from builder.spec.knowledge import locate, parse_document, read_knowledge, validation_error
+from builder.spec.jitmodules import JitModule as JitModule
+from builder.spec.jitmodules import jit_modules_known as jit_modules_known
+from builder.spec.jitmodules import jit_presets as jit_presets
+from builder.spec.knowledge import error_at, validation_error
 from builder.spec.manifest import Manifest
-from builder.spec.strict import Strict
+from builder.spec.servepath import ServePath, derive_serve_path
 from builder.spec.substitute import Substitutions
-from builder.spec.yamlsafe import YamlDocument, dotted, load_yaml
+from builder.spec.yamlsafe import YamlDocument, load_yaml
 
 STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 #: Manifest fields that describe a stack but do not shape its image. They stay out of the
@@ -43,13 +45,16 @@ class ResolvedStack:
     name: str
     manifest: Manifest
     arch: ArchFlags
-    #: The FlashInfer modules to precompile: presets expanded, order kept, duplicates dropped.
+    #: The FlashInfer modules to precompile: presets expanded, then the manifest's own modules,
+    #: then those its serve path loads (servepath.py); order kept, duplicates dropped.
     jit_modules: tuple[str, ...]
     #: Manifest files, the stack's own first, then each parent.
     sources: tuple[Path, ...]
     repo_root: Path
     #: Base references replaced by site substitution: original -> substitute.
     base_substitutions: dict[str, str] = field(default_factory=dict)
+    #: What the vLLM server loads from FlashInfer and why (None: not derived for this stack).
+    serve_path: ServePath | None = None
 
     def to_json(self, editorial: bool = True) -> dict[str, Any]:
         """The resolved manifest with derived values: what `show` prints. Without the editorial
@@ -67,6 +72,10 @@ class ResolvedStack:
             "jit_modules": list(self.jit_modules),
             "base_substitutions": self.base_substitutions,
         }
+        if editorial and self.serve_path is not None:
+            # What `show` explains; images carry only its outcome (jit_modules), so the content
+            # hash of a stack whose modules did not change stays the same.
+            data["derived"]["serve_path"] = self.serve_path.to_json()
         return data
 
     def module_archs(self) -> dict[str, list[str]]:
@@ -98,44 +107,13 @@ class ResolvedStack:
         return self.repo_root / path
 
 
-class _Preset(Strict):
-    description: str
-    modules: list[str]
-    includes: list[str] = Field(default_factory=list)
-
-
-class _PresetFile(Strict):
-    presets: dict[str, _Preset]
-
-
-class JitModule(Strict):
-    generator: str
-    #: Positional arguments of the generator; a string "torch.NAME" is that torch dtype.
-    args: list[bool | int | str] = Field(default_factory=list)
-    peak_gb: float
-    used_by: str
-    #: Archs the generator always builds for, whatever FLASHINFER_CUDA_ARCH_LIST says.
-    fixed_archs: list[str] = Field(default_factory=list)
-
-
-class _ModuleFile(Strict):
-    modules: dict[str, JitModule]
-
-
-@cache
-def jit_presets() -> dict[str, _Preset]:
-    return parse_document(read_knowledge("jit_presets.yaml"), _PresetFile).presets
-
-
-@cache
-def jit_modules_known() -> dict[str, JitModule]:
-    return parse_document(read_knowledge("flashinfer_modules.yaml"), _ModuleFile).modules
-
-
-def jit_module_table() -> dict[str, dict[str, Any]]:
-    """What the in-image tool needs per known module (generator and arguments): all of them, so
-    the image can also name a module it lacks as a miss."""
-    return {n: {"generator": m.generator, "args": m.args} for n, m in jit_modules_known().items()}
+def jit_module_table(stack: ResolvedStack | None = None) -> dict[str, dict[str, Any]]:
+    """What the in-image tool needs per module (generator and arguments): every listed one, so
+    the image can also name a module it lacks as a miss, and the stack's own modules a family
+    spells (knowledge/flashinfer_modules.yaml), which no list holds."""
+    known = jit_modules_known()
+    names = [*known, *(stack.jit_modules if stack else ())]
+    return {n: {"generator": known[n].generator, "args": known[n].args} for n in names}
 
 
 def stack_names(stacks_dir: Path) -> list[str]:
@@ -161,14 +139,16 @@ def resolve(
         raise validation_error(exc, docs) from None
     repo_root = stacks_dir.resolve().parent
     manifest, substituted = _substitute_bases(manifest, substitutions or Substitutions())
+    serve_path = derive_serve_path(manifest, docs)
     stack = ResolvedStack(
         name=name,
         manifest=manifest,
         base_substitutions=substituted,
         arch=derive(list(manifest.gpus), manifest.cuda),
-        jit_modules=_expand_modules(manifest, docs[0]),
+        jit_modules=_expand_modules(manifest, docs[0], serve_path),
         sources=tuple(d.path for d in docs),
         repo_root=repo_root,
+        serve_path=serve_path,
     )
     _check_reserved_env(stack, docs)
     _check_patches(stack, docs)
@@ -255,7 +235,9 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def _expand_modules(manifest: Manifest, doc: YamlDocument) -> tuple[str, ...]:
+def _expand_modules(
+    manifest: Manifest, doc: YamlDocument, serve_path: ServePath | None
+) -> tuple[str, ...]:
     presets = jit_presets()
     modules: list[str] = []
 
@@ -286,9 +268,11 @@ def _expand_modules(manifest: Manifest, doc: YamlDocument) -> tuple[str, ...]:
                 file=doc.path,
                 key="jit_cache",
                 line=doc.line_of(("jit_cache",)),
-                hint=f"known modules: {', '.join(sorted(known))} "
-                "(knowledge/flashinfer_modules.yaml)",
+                hint=f"known modules: {', '.join(sorted(known))}, and any name of the families "
+                f"{', '.join(sorted(known.families))} (knowledge/flashinfer_modules.yaml)",
             )
+    # Appended last, so a stack whose presets already list them keeps its order.
+    modules.extend(serve_path.modules if serve_path else ())
     return tuple(dict.fromkeys(modules))
 
 
@@ -296,23 +280,12 @@ def _check_reserved_env(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
     """Arch variables are derived; a manifest spelling them would be a second source of truth."""
     for key in stack.manifest.env:
         if key in stack.arch.env or key in ("MAX_JOBS", "FLASHINFER_NVCC_THREADS"):
-            raise _error_at(
+            raise error_at(
                 docs,
                 ("env", key),
                 f"{key} is derived by the builder and cannot be set in env",
                 "list target GPUs under `gpus:` and build settings under `build:`",
             )
-
-
-def _error_at(
-    docs: list[YamlDocument],
-    key_path: tuple[str | int, ...],
-    message: str,
-    hint: str | None = None,
-) -> StackError:
-    """An error at the manifest (child first) that spells out key_path, with its line."""
-    doc, line = locate(key_path, docs)
-    return StackError(message, file=doc.path, key=dotted(key_path), line=line, hint=hint)
 
 
 def _check_patches(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
@@ -321,19 +294,19 @@ def _check_patches(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
     for index, patch in enumerate(stack.manifest.patches):
         path = stack.local_file(patch.file).resolve()
         if not path.is_relative_to(patches_dir):
-            raise _error_at(
+            raise error_at(
                 docs,
                 ("patches", index, "file"),
                 f"patch {patch.file} is outside the repository's patches/ folder",
                 "keep patch files under patches/",
             )
         if not path.is_file():
-            raise _error_at(
+            raise error_at(
                 docs, ("patches", index, "file"), f"patch file {patch.file} does not exist"
             )
         actual = hashlib.sha256(path.read_bytes()).hexdigest()
         if actual != patch.sha256:
-            raise _error_at(
+            raise error_at(
                 docs,
                 ("patches", index, "sha256"),
                 f"patch {patch.file} has sha256 {actual}, the manifest says {patch.sha256}",
@@ -351,7 +324,7 @@ def _check_distinct_names(
         name = Path(file).name
         if name in seen:
             where = (*key, index, *((field,) if field else ()))
-            raise _error_at(
+            raise error_at(
                 docs,
                 where,
                 f"{file} has the same file name as entry {seen[name]} ({files[seen[name]]})",
@@ -364,7 +337,7 @@ def _check_wheels(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
     _check_distinct_names(docs, ("python", "wheels"), stack.manifest.python.wheels)
     for index, wheel in enumerate(stack.manifest.python.wheels):
         if not stack.local_file(wheel).is_file():
-            raise _error_at(
+            raise error_at(
                 docs,
                 ("python", "wheels", index),
                 f"wheel {wheel} does not exist on this machine",
@@ -378,14 +351,14 @@ def _check_template(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
         return
     path = REPO_ROOT / "templates" / template  # where render's templates live
     if not path.is_file():
-        raise _error_at(
+        raise error_at(
             docs,
             ("build", "template"),
             f"template {template} does not exist under templates/",
             'write templates/overrides/NAME.j2 starting with {% extends "Dockerfile.j2" %}',
         )
     if '{% extends "Dockerfile.j2" %}' not in path.read_text(errors="replace"):
-        raise _error_at(
+        raise error_at(
             docs,
             ("build", "template"),
             f"templates/{template} does not extend Dockerfile.j2",

@@ -58,9 +58,8 @@ RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/to
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
     --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.12-a85c5332e7f3,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
-    sampling fp4_gemm_cutlass_sm120 \
+    fp4_gemm_cutlass_sm120 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \
- && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/sampling /opt/sm120-stacks-jit/cached_ops/ \
  && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f/cached_ops/fp4_gemm_cutlass_sm120 /opt/sm120-stacks-jit/cached_ops/
 
 # --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---

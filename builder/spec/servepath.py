@@ -1,0 +1,385 @@
+"""The FlashInfer modules a vLLM server loads on its serve path, derived from the serve settings.
+
+A module that vLLM loads but the image did not precompile compiles at serve time (minutes, or an
+OOM-killed engine on a small box), while `check` and the image test see nothing wrong: the test
+can only judge the modules the stack lists. Which attention modules vLLM asks FlashInfer for is a
+chain of decisions (the KV cache dtype, then the attention backend vLLM picks on that GPU, then
+the FlashInfer backend's dtypes and head dim), each read from vLLM's source and kept as data in
+knowledge/attention_routes.yaml. This module only walks that data for one stack; the module
+names come out of the families in knowledge/flashinfer_modules.yaml, spelled as FlashInfer
+spells them, or the cache would miss.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any, Literal, get_args
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+from pydantic import Field, StringConstraints
+
+from builder.errors import StackError
+from builder.spec.jitmodules import ArgValue, Specifier, jit_modules_known
+from builder.spec.knowledge import error_at, parse_document, read_knowledge
+from builder.spec.manifest import Manifest
+from builder.spec.strict import Strict
+from builder.spec.yamlsafe import YamlDocument
+
+ROUTES_FILE = "attention_routes.yaml"
+FLASHINFER = "FLASHINFER"
+GpuName = Literal["sm90", "sm120", "sm121"]
+KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+BackendName = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9_]+$")]
+TorchDtype = Annotated[str, StringConstraints(pattern=r"^torch\.[a-z0-9_]+$")]
+#: Options that name vLLM's attention backend (vllm/engine/arg_utils.py; dashes or underscores).
+BACKEND_OPTIONS = ("--attention-backend", "--attention-config.backend", "-ac.backend")
+CONFIG_OPTIONS = ("--attention-config", "-ac")
+#: The stack facts a route parameter can name, "{fact}" (see _Facts.value).
+FACTS = ("dtype", "kv_dtype", "head_dim", "sliding_window", "logits_soft_cap")
+
+
+class _Select(Strict):
+    gpus: list[GpuName]
+    kv_cache_dtypes: list[KvCacheDtype]
+    backend: BackendName
+    why: str
+
+
+class _FlashInferModule(Strict):
+    gpus: list[GpuName]
+    family: str
+    #: Only for these KV cache dtypes (after auto is resolved); all when unset.
+    kv_cache_dtypes: list[KvCacheDtype] | None = None
+
+
+class _Version(Strict):
+    vllm: Specifier
+    read: str
+    auto_kv_from_checkpoint: bool
+    flashinfer_sampler_default: bool
+    select: list[_Select] = Field(default_factory=list)
+    default_backend: BackendName
+    flashinfer: list[_FlashInferModule] = Field(default_factory=list)
+    #: Why this version's FlashInfer attention modules are not derived: a stack routed there is
+    #: refused, since whatever it precompiled would not be what vLLM loads.
+    flashinfer_not_derived: str | None = None
+
+
+class _Sampler(Strict):
+    env: str
+    modules: list[str]
+
+
+class _RoutesFile(Strict):
+    model_dtypes: dict[str, TorchDtype]
+    kv_cache_dtypes: dict[KvCacheDtype, TorchDtype | Literal["model"]]
+    prefill_params: dict[str, ArgValue]
+    sampler: _Sampler
+    versions: list[_Version]
+
+
+@dataclass(frozen=True)
+class ServePath:
+    """What a stack's vLLM server loads from FlashInfer, and why: `show` prints it."""
+
+    vllm: str
+    kv_cache_dtype: str
+    attention_backend: str
+    #: Where the backend choice comes from (the option, or the rule's reason).
+    backend_from: str
+    flashinfer_sampler: bool
+    #: The FlashInfer modules this serve path loads, in the order they are added to the stack.
+    modules: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {  # the vLLM version is the manifest's pin, shown there
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "attention_backend": self.attention_backend,
+            "attention_backend_from": self.backend_from,
+            "flashinfer_sampler": self.flashinfer_sampler,
+            "flashinfer_modules": list(self.modules),
+        }
+
+
+@cache
+def attention_routes() -> _RoutesFile:
+    """The routes, checked against the module knowledge they name (families, sampler modules)."""
+    doc = read_knowledge(ROUTES_FILE)
+    routes = parse_document(doc, _RoutesFile)
+    known = jit_modules_known()
+    for index, version in enumerate(routes.versions):
+        for entry, module in enumerate(version.flashinfer):
+            if module.family not in known.families:
+                raise StackError(
+                    f"unknown module family {module.family!r}",
+                    file=doc.path,
+                    key=f"versions.{index}.flashinfer.{entry}.family",
+                    line=doc.line_of(("versions", index, "flashinfer", entry, "family")),
+                    hint=f"families: {', '.join(sorted(known.families))} "
+                    "(knowledge/flashinfer_modules.yaml)",
+                )
+    for family_name in {m.family for v in routes.versions for m in v.flashinfer}:
+        missing = set(known.families[family_name].params) - set(routes.prefill_params)
+        if missing:
+            raise StackError(
+                f"prefill_params gives no value for {', '.join(sorted(missing))} "
+                f"(parameters of family {family_name})",
+                file=doc.path,
+                key="prefill_params",
+                line=doc.line_of(("prefill_params",)),
+            )
+    unmapped = set(get_args(KvCacheDtype)) - set(routes.kv_cache_dtypes)
+    if unmapped:
+        raise StackError(
+            f"kv_cache_dtypes gives no dtype for {', '.join(sorted(unmapped))}",
+            file=doc.path,
+            key="kv_cache_dtypes",
+            line=doc.line_of(("kv_cache_dtypes",)),
+        )
+    for key, value in routes.prefill_params.items():
+        if _fact_name(value) not in (None, *FACTS):
+            raise StackError(
+                f"{value!r} names no fact of a stack",
+                file=doc.path,
+                key=f"prefill_params.{key}",
+                line=doc.line_of(("prefill_params", key)),
+                hint=f"facts: {', '.join('{' + f + '}' for f in FACTS)}",
+            )
+    for name in routes.sampler.modules:
+        if name not in known:
+            raise StackError(
+                f"unknown FlashInfer JIT module {name!r}",
+                file=doc.path,
+                key="sampler.modules",
+                line=doc.line_of(("sampler", "modules")),
+            )
+    return routes
+
+
+def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath | None:
+    """The stack's serve path, or None where nothing is known about it (not vLLM, no vllm pin,
+    or a vLLM version no route covers). Errors point at the manifest key to add or change."""
+    serve = manifest.serve
+    python = manifest.python
+    pin = {**python.packages, **python.overrides}.get("vllm")
+    if serve.engine != "vllm" or pin is None:
+        return None
+    routes = attention_routes()
+    version = next(
+        (v for v in routes.versions if Version(pin.version) in SpecifierSet(v.vllm)), None
+    )
+    if version is None:
+        return None
+    kv_cache_dtype = _kv_cache_dtype(manifest, version)
+    backend, backend_from = _backend(manifest, version, kv_cache_dtype)
+    sampler = _sampler_on(manifest, version, routes, docs)
+    modules: list[str] = list(routes.sampler.modules) if sampler else []
+    if backend == FLASHINFER:
+        if version.flashinfer_not_derived:
+            raise error_at(
+                docs,
+                _backend_key(manifest),
+                f"vLLM {pin.version} serves attention with FlashInfer here ({backend_from}); "
+                f"{version.flashinfer_not_derived}",
+                "serve with a setting that keeps vLLM's FLASH_ATTN backend, or read that "
+                "version's FlashInfer backend and add its modules to "
+                "knowledge/attention_routes.yaml",
+            )
+        facts = _Facts(manifest, docs, routes, pin.version, backend_from, kv_cache_dtype)
+        modules += _flashinfer_modules(manifest, version, routes, facts, kv_cache_dtype, docs)
+    return ServePath(
+        vllm=pin.version,
+        kv_cache_dtype=kv_cache_dtype,
+        attention_backend=backend,
+        backend_from=backend_from,
+        flashinfer_sampler=sampler,
+        modules=tuple(dict.fromkeys(modules)),
+    )
+
+
+def _kv_cache_dtype(manifest: Manifest, version: _Version) -> KvCacheDtype:
+    """The KV cache dtype vLLM serves with: the option, or what auto becomes."""
+    asked = manifest.serve.kv_cache_dtype or "auto"
+    checkpoint = manifest.serve.model.checkpoint_kv_cache_dtype
+    if asked == "auto" and version.auto_kv_from_checkpoint and checkpoint is not None:
+        return checkpoint
+    return asked
+
+
+def attention_backend_option(args: list[str]) -> tuple[str, int] | None:
+    """The attention backend serve.extra_args name, upper-cased as vLLM does, with the index of
+    the argument that names it; None when they name none. vLLM takes `--attention-backend X`,
+    `--attention-config.backend X` and `--attention-config '{"backend": "X"}'` (`-ac` for
+    `--attention-config`), with `=` or a separate value, underscores for dashes."""
+    for index, arg in enumerate(args):
+        if not arg.startswith("-"):
+            continue
+        option, has_value, value = arg.partition("=")
+        option = option.replace("_", "-")
+        if not has_value:
+            value = args[index + 1] if index + 1 < len(args) else ""
+        if option in BACKEND_OPTIONS and value:
+            return value.upper(), index
+        if option in CONFIG_OPTIONS and value.startswith("{"):
+            try:
+                config = json.loads(value)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(config, dict) and isinstance(config.get("backend"), str):
+                return config["backend"].upper(), index
+    return None
+
+
+def _backend_key(manifest: Manifest) -> tuple[str | int, ...]:
+    """The manifest key that sent the stack to its attention backend."""
+    serve = manifest.serve
+    found = attention_backend_option(serve.extra_args)
+    if found is not None:
+        return ("serve", "extra_args", found[1])
+    if serve.kv_cache_dtype in (None, "auto") and serve.model.checkpoint_kv_cache_dtype:
+        return ("serve", "model", "checkpoint_kv_cache_dtype")
+    return ("serve", "kv_cache_dtype")
+
+
+def _backend(
+    manifest: Manifest, version: _Version, kv_cache_dtype: KvCacheDtype
+) -> tuple[str, str]:
+    """The attention backend vLLM runs, and where that choice comes from."""
+    option = attention_backend_option(manifest.serve.extra_args)
+    if option is not None:
+        return option[0], f"--attention-backend {option[0]}"
+    for rule in version.select:
+        gpus = [gpu for gpu in manifest.gpus if gpu in rule.gpus]
+        if gpus and kv_cache_dtype in rule.kv_cache_dtypes:
+            return rule.backend, f"kv_cache_dtype {kv_cache_dtype} on {gpus[0]}: {rule.why}"
+    on = ", ".join(manifest.gpus)
+    return (
+        version.default_backend,
+        f"vLLM's first choice for kv_cache_dtype {kv_cache_dtype} on {on}",
+    )
+
+
+def _sampler_on(
+    manifest: Manifest, version: _Version, routes: _RoutesFile, docs: list[YamlDocument]
+) -> bool:
+    """Whether vLLM samples with FlashInfer: the variable as vLLM reads it, bool(int(value))."""
+    value = manifest.env.get(routes.sampler.env)
+    if value is None:
+        return version.flashinfer_sampler_default
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise error_at(
+            docs,
+            ("env", routes.sampler.env),
+            f"{routes.sampler.env}={value!r}: vLLM reads it as an integer (bool(int(value))) "
+            "and fails at start on anything else",
+            "write 0 or 1",
+        ) from None
+
+
+class _Facts:
+    """The model facts a route's parameters name, each looked up (and missed) only when used."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        docs: list[YamlDocument],
+        routes: _RoutesFile,
+        vllm: str,
+        backend_from: str,
+        kv_cache_dtype: KvCacheDtype,
+    ) -> None:
+        self.manifest, self.docs, self.routes = manifest, docs, routes
+        self.why = f"vLLM {vllm} serves attention with FlashInfer here ({backend_from})"
+        self.kv_cache_dtype = kv_cache_dtype
+
+    def value(self, fact: str) -> ArgValue:
+        model = self.manifest.serve.model
+        if fact == "dtype":
+            return self._dtype()
+        if fact == "kv_dtype":
+            kv = self.routes.kv_cache_dtypes[self.kv_cache_dtype]
+            return self._dtype() if kv == "model" else kv
+        if fact == "head_dim":
+            if model.head_dim is None:
+                raise error_at(
+                    self.docs,
+                    ("serve", "model", "head_dim"),
+                    f"{self.why}, whose JIT modules are built per head dimension: the manifest "
+                    "gives none",
+                    "take it from the model's config.json (head_dim; text_config.head_dim for "
+                    "a multimodal model; hidden_size / num_attention_heads where neither is "
+                    "given) and set serve.model.head_dim",
+                )
+            return model.head_dim
+        if fact == "sliding_window":
+            return model.sliding_window is not None
+        if fact == "logits_soft_cap":
+            return model.logits_soft_cap is not None
+        raise ValueError(f"{ROUTES_FILE}: unknown fact {{{fact}}}")
+
+    def _dtype(self) -> str:
+        dtype = self.manifest.serve.dtype
+        if dtype is None or dtype not in self.routes.model_dtypes:
+            raise error_at(
+                self.docs,
+                ("serve", "dtype"),
+                f"{self.why}, whose JIT modules are built per model dtype: serve.dtype is "
+                f"{dtype or 'unset'}",
+                f"set serve.dtype to one of {', '.join(self.routes.model_dtypes)}: the dtype "
+                "the model is served in (its config.json torch_dtype, usually bfloat16)",
+            )
+        return self.routes.model_dtypes[dtype]
+
+
+def _flashinfer_modules(
+    manifest: Manifest,
+    version: _Version,
+    routes: _RoutesFile,
+    facts: _Facts,
+    kv_cache_dtype: KvCacheDtype,
+    docs: list[YamlDocument],
+) -> list[str]:
+    known = jit_modules_known()
+    flashinfer = {**manifest.python.packages, **manifest.python.overrides}.get("flashinfer-python")
+    names: list[str] = []
+    for entry in version.flashinfer:
+        if not any(gpu in entry.gpus for gpu in manifest.gpus):
+            continue
+        if entry.kv_cache_dtypes is not None and kv_cache_dtype not in entry.kv_cache_dtypes:
+            continue
+        family = known.families[entry.family]
+        if (
+            flashinfer is not None
+            and family.flashinfer is not None
+            and Version(flashinfer.version) not in SpecifierSet(family.flashinfer)
+        ):
+            key = "overrides" if "flashinfer-python" in manifest.python.overrides else "packages"
+            raise error_at(
+                docs,
+                ("python", key, "flashinfer-python"),
+                f"{facts.why}; the module family {entry.family} is read for flashinfer-python "
+                f"{family.flashinfer} only, and a name for {flashinfer.version} may not be the "
+                "one it looks up",
+                f"read that version's {family.generator} and widen the family's `flashinfer` "
+                "in knowledge/flashinfer_modules.yaml (or add a family)",
+            )
+        values = {key: _param(value, facts) for key, value in routes.prefill_params.items()}
+        names.append(known.instance(entry.family, values).name)
+    return names
+
+
+def _param(value: ArgValue, facts: _Facts) -> ArgValue:
+    """A parameter as the route gives it: a literal, or "{fact}" for a fact of the stack."""
+    fact = _fact_name(value)
+    return value if fact is None else facts.value(fact)
+
+
+def _fact_name(value: ArgValue) -> str | None:
+    if isinstance(value, str) and value.startswith("{") and value.endswith("}"):
+        return value[1:-1]
+    return None
