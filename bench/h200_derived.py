@@ -48,6 +48,13 @@ def precompile() -> int:
     spec = _spec()
     modules = spec["jit_modules"]
     assert isinstance(modules, list)
+    # Exactly the stack's modules, as its image would hold them: the bundle came from
+    # vllm-0.22-sm90's image, whose bf16 attention modules this stack does not derive.
+    for kind in ("cached_ops", "aot"):
+        for folder in (BUNDLE / "fi" / kind).iterdir():
+            if folder.name not in modules:
+                print(f"not this stack's: {kind}/{folder.name}", flush=True)
+                shutil.rmtree(folder)
     have = {p.name for p in (BUNDLE / "fi" / "cached_ops").iterdir()}
     missing = [m for m in modules if m not in have]
     print(f"derived modules the bundle lacks: {missing}", flush=True)

@@ -759,3 +759,25 @@ def test_the_fake_path_holds_no_real_nvidia_tools(fake_host: Callable[..., Path]
     fake_host("pro6000-2x-ok", without=("nvidia-smi", "lspci"))
     assert shutil.which("nvidia-smi") is None and shutil.which("lspci") is None
     assert len(os.environ["PATH"].split(os.pathsep)) == 1
+
+
+def test_doctor_on_the_real_two_h200_host_sees_p2p_over_nvlink(
+    stacks_dir: Path,
+    tmp_path: Path,
+    run_cli: Callable[..., Result],
+    fake_host: Callable[..., Path],
+) -> None:
+    """Captured on the lent 2x H200 machine (a Firecracker VM: NVLink NV18, no lspci, no IOMMU
+    unit), where `doctor --stack` for a TP=2 stack printed exactly these three lines
+    (bench/results/h200-fp8kv/doctor-tp2.txt)."""
+    fake_host("h200-2x-nvlink", without=("lspci",))
+    _tp_pin(stacks_dir, tmp_path)
+    result = run_cli("doctor", "--host", HOST, stacks_dir=stacks_dir)
+    assert "Traceback" not in result.output
+    assert "ok    tp-p2p: P2P read and write OK between GPU 0-1 (NV18)" in result.output
+    assert "warn  tp-acs: not checked: lspci is not on PATH" in result.output
+    assert (
+        "ok    tp-iommu: the IOMMU does not translate the GPUs' DMA "
+        "(no IOMMU unit in /sys/class/iommu)" in result.output
+    )
+    assert not [line for line in _lines(result, "FAIL") if line.startswith("FAIL  tp")]
