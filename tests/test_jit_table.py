@@ -25,22 +25,29 @@ from typing import Any
 import pytest
 from click.testing import Result
 
+from builder.errors import StackError
 from builder.image.engine import Container, ContainerSpec
+from builder.spec.knowledge import KNOWLEDGE_DIR
 from builder.spec.resolve import ResolvedStack, resolve
+from builder.spec.yamlsafe import load_yaml
 from builder.verify import report as reports
 from builder.verify.compiles import find_compiles
 from builder.verify.kernel_cache import (
+    KNOWLEDGE_FILE,
+    DirectoryWatch,
     Listing,
     cache_layouts,
     classify,
     container_watch,
     directory_watch,
+    group_patterns,
+    layouts_of,
     list_directory,
     listing_command,
     parse_kernel_name,
     parse_module_dir,
 )
-from builder.verify.smoke import SmokeReport, format_table, run_smoke
+from builder.verify.smoke import SmokeReport, format_table, run_smoke, run_smoke_url
 from builder.verify.validate import (
     add_smoke,
     cache_table,
@@ -241,6 +248,74 @@ def test_names_outside_the_grammar_are_kept_unparsed() -> None:
     assert (other.module, other.arch, other.kind) == ("nvfp4_quantize", "sm120a", None)
     assert parse_module_dir(layout(), "b12x_moe_sm121a_cute_dsl") == ("b12x_moe", "sm121a")
     assert parse_module_dir(layout(), "sampling") is None
+
+
+# --- the knowledge file, checked when read -----------------------------------------------------
+
+KEY = "caches.flashinfer_cute_dsl"
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "message"),
+    [
+        (
+            ("_(?P<arch>sm[0-9]+[a-z]?)_cute_dsl", "_(sm[0-9]+[a-z]?)_cute_dsl"),
+            f"{KEY}.module_dir",
+            "the regex has no group 'arch': it needs (?P<module>...), (?P<arch>...)",
+        ),
+        (
+            ("'^(?P<kernel>[A-Za-z0-9_]+)", "'^(?P<name>[A-Za-z0-9_]+)"),
+            f"{KEY}.kernel_file",
+            "the regex has no group 'kernel'",
+        ),
+        (
+            ("static_k(?P<k>[0-9]+)", "static_k(?P<k>[0-9a-z]+)"),
+            f"{KEY}.families.b12x_moe.kinds.static",
+            "group 'k' ([0-9a-z]+) must match digits only",
+        ),
+        (
+            ("micro_m(?P<m>[0-9]+)", "micro_m(?P<m>[0-9]*)"),  # may be empty: int("") fails
+            f"{KEY}.families.b12x_moe.kinds.micro",
+            "group 'm' ([0-9]*) must match digits only",
+        ),
+        (
+            ("'^dynamic_e(?P<e>[0-9]+)_k", "'^dynamic_e(?P<e>[0-9]+_k"),
+            f"{KEY}.families.b12x_moe.kinds.dynamic",
+            "not a regular expression: missing ), unterminated subpattern",
+        ),
+        (
+            ("/cached_ops$'", "/cached_ops$('"),
+            f"{KEY}.ops_dir.regex",
+            "not a regular expression",
+        ),
+        (('"==0.7.2.post1"', '"0.7.2.post1"'), f"{KEY}.versions", "is not a version specifier"),
+    ],
+)
+def test_a_bad_entry_in_runtime_caches_names_file_key_and_line(
+    tmp_path: Path, edit: tuple[str, str], key: str, message: str
+) -> None:
+    """A missing group (module, arch, kernel) or a shape group that is no integer raised inside
+    classify, in the smoke's `finally`, and lost its report: now the file is refused when read."""
+    text = (KNOWLEDGE_DIR / KNOWLEDGE_FILE).read_text()
+    assert text.count(edit[0]) == 1
+    edited = text.replace(edit[0], edit[1])
+    path = tmp_path / KNOWLEDGE_FILE
+    path.write_text(edited)
+    with pytest.raises(StackError) as caught:
+        layouts_of(load_yaml(path))
+    error = caught.value
+    assert (error.file, error.key) == (path, key)
+    assert error.line == edited[: edited.index(edit[1])].count("\n") + 1
+    assert message in error.message
+
+
+def test_the_shipped_layouts_pass_their_checks_and_groups_are_read_as_written() -> None:
+    assert layouts_of(load_yaml(KNOWLEDGE_DIR / KNOWLEDGE_FILE)) == cache_layouts()
+    assert group_patterns(r"^a(?P<k>[0-9]+)_(?:x(?P<d>[)(\]]{2}))?\((?P<n>\d{1,4})$") == {
+        "k": "[0-9]+",
+        "d": "[)(\\]]{2}",
+        "n": "\\d{1,4}",
+    }
 
 
 # --- listings and the before/after verdict ---------------------------------------------------
@@ -716,3 +791,52 @@ def test_test_gives_its_gpu_smoke_the_container_watch(
     watch = given["kernel_cache"]
     assert isinstance(watch, ContainerWatch) and watch.image_ref == "sm120-stacks:vllm-0.33-b12x-0"
     assert watch.version == FI_VERSION
+
+
+# --- a judgement that fails is a note, not a lost report ---------------------------------------
+
+
+class _ListingOfAnotherShape(DirectoryWatch):
+    """Its listing after the smoke lacks each kernel's size (a listing script of another shape):
+    classify raises KeyError on it."""
+
+    def _list(self, container: Container | None) -> Listing:
+        listing = super()._list(container)
+        if self.before_listing is not None:
+            for module in listing.modules:
+                for item in module["kernels"]:
+                    del item["size"]
+        return listing
+
+
+def test_a_kernel_cache_judgement_that_raises_is_a_note_in_the_written_report(
+    tmp_path: Path,
+) -> None:
+    """The judgement runs in the smoke's `finally`, before the report is written: it raised
+    there, and the report (every check of the smoke) was lost to a traceback."""
+    stack = b12x()
+    floors = stack.manifest.smoke.floors.model_copy(
+        update={"single_stream_tok_s": 0, "batched_tok_s": 0}
+    )
+    smoke = stack.manifest.smoke.model_copy(update={"floors": floors})
+    stack = dataclasses.replace(stack, manifest=stack.manifest.model_copy(update={"smoke": smoke}))
+    workspace = tmp_path / "ws"
+    age(export(workspace, STATIC))
+    watch = _ListingOfAnotherShape(LAYOUT_ID, layout(), FI_VERSION, workspace)
+    lines: list[str] = []
+    with fake_chat_server(Behaviour(answers=True)) as server:
+        report = run_smoke_url(
+            url_of(server),
+            stack,
+            report_path=tmp_path / "smoke.json",
+            log=lines.append,
+            kernel_cache=watch,
+        )
+    assert report.passed, report.failed()
+    written = json.loads((tmp_path / "smoke.json").read_text())
+    assert written["passed"] and written["checks"]
+    cache = written["kernel_cache"]
+    assert not cache["judged"] and cache["kernels"] == []
+    assert cache["notes"] == ["judging the listings failed: KeyError: 'size'"]
+    assert f"{layout().title} (directory {workspace}): not judged" in lines[-1]
+    assert "note: judging the listings failed: KeyError: 'size'" in lines[-1]

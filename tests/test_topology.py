@@ -261,7 +261,23 @@ def test_the_serve_of_a_command_and_its_environment() -> None:
     assert plain.world == 1 and plain.custom_all_reduce_disabled and plain.gpus is None
     with pytest.raises(StackError) as caught:
         serve_of("stack s", ["vllm", "serve", "m", "--tensor-parallel-size", "two"], {}, None)
-    assert caught.value.key == "command" and "'two' is not a number of GPUs" in str(caught.value)
+    assert caught.value.key == "command.4" and "'two' is not a number of GPUs" in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "0", "-1", "2.0", ""])
+def test_a_parallel_size_int_refuses_or_that_is_not_a_positive_number_is_bad_input(
+    value: str,
+) -> None:
+    """ "²".isdigit() is true but int("²") raises ValueError: ASCII digits only, as a StackError
+    naming the word's index (the value of `--flag N`, the word of `--flag=N`)."""
+    for argv, index in (
+        (["vllm", "serve", "m", "-tp", value], 4),
+        (["vllm", "serve", "m", f"--pipeline-parallel-size={value}"], 3),
+    ):
+        with pytest.raises(StackError) as caught:
+            serve_of("stack s", argv, {}, None)
+        assert caught.value.key == f"command.{index}"
+        assert f"{value!r} is not a number of GPUs" in caught.value.message
 
 
 # --- deciding ----------------------------------------------------------------------------------
@@ -428,6 +444,63 @@ def test_an_unknown_iommu_is_a_warning_saying_how_to_look() -> None:
     assert iommu.ok and iommu.warn and "iommu_group/type" in iommu.fix
 
 
+@pytest.mark.parametrize(
+    ("mode", "how"),
+    [
+        ("passthrough", "IOMMU group type 0000:01:00.0: identity, 0000:c1:00.0: identity"),
+        ("off", "no IOMMU unit in /sys/class/iommu"),
+    ],
+)
+def test_acs_redirect_without_iommu_translation_is_a_warning_with_its_cost(
+    mode: topology.IommuMode, how: str
+) -> None:
+    """The sources show hangs only where ACS redirect meets a translating IOMMU; without
+    translation the root complex routes P2P back down: slower, not a hang."""
+    host = replace(_host("pro6000-2x-acs"), iommu=Iommu(mode, how))
+    findings = decide(TP2, host)
+    assert not _failed(findings) and _warned(findings) == {"tp-acs"}
+    acs = _by_name(findings)["tp-acs"]
+    assert "[ACSCtl: CmpltRedir+ ReqRedir+]" in acs.detail and how in acs.detail
+    assert "P2P works, slower" in acs.detail and "hang" not in acs.detail
+    assert "setpci -s 0000:00:01.1 ECAP_ACS+0x6.w=0000" in acs.fix
+    assert "NCCL_P2P_DISABLE" not in acs.fix  # the workaround costs more than the detour
+    assert NCCL_ACS in acs.evidence and VLLM_33041 not in acs.evidence
+
+
+@pytest.mark.parametrize("mode", ["translated", "unknown"])
+def test_acs_redirect_with_a_translating_or_unknown_iommu_fails(
+    mode: topology.IommuMode,
+) -> None:
+    host = replace(_host("pro6000-2x-acs"), iommu=Iommu(mode, "how it was told"))
+    acs = _by_name(decide(TP2, host))["tp-acs"]
+    assert not acs.ok and "hang at their first all-reduce" in acs.detail
+    assert "how it was told" in acs.detail and "NCCL_P2P_DISABLE=1" in acs.fix
+
+
+def test_a_pair_whose_read_and_write_differ_is_reported_by_the_more_severe_code() -> None:
+    """sorted(codes)[0] picked alphabetically: DR (a regkey) over GNS (the GPU has no P2P)."""
+    host = _host("rtx5090-2x")
+    for read, write, shown in (("DR", "GNS", "GNS"), ("CNS", "GNS", "GNS"), ("U", "TNS", "TNS")):
+        varied = replace(
+            host,
+            p2p_read={**dict(host.p2p_read or {}), (0, 1): read},
+            p2p_write={**dict(host.p2p_write or {}), (0, 1): write},
+        )
+        detail = _by_name(decide(TP2, varied))["tp-p2p"].detail
+        assert f"no P2P between GPU 0-1 (PHB): {shown} (" in detail, (read, write, detail)
+    k = knowledge()
+    assert k.worst({"OK"}) is None and k.worst({"OK", "XYZ"}) == "XYZ"
+    assert [k.severity(c) for c in ("GNS", "NS", "CNS", "TNS", "DR", "U")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_no_p2p_says_the_iommu_is_not_needed_in_its_own_words() -> None:
+    findings = _by_name(decide(TP2, _host("rtx5090-2x")))
+    k = knowledge()
+    assert findings["tp-acs"].detail == k.advice["acs_not_needed"].detail
+    assert findings["tp-iommu"].detail == k.advice["iommu_not_needed"].detail
+    assert "IOMMU" in findings["tp-iommu"].detail
+
+
 # --- the knowledge file ------------------------------------------------------------------------
 
 
@@ -445,6 +518,11 @@ def test_every_p2p_status_of_the_legend_is_known_and_cited() -> None:
         (("{setpci}", "{setpcii}"), "unknown template field {setpcii}"),
         (("[nccl_acs, nccl_2079", "[nccl_acs, nccl_9999"), "evidence 'nccl_9999' is not a source"),
         (("  iommu_unknown:\n", "  iommu_unsure:\n"), "advice.iommu_unknown: missing advice"),
+        (
+            ("  iommu_not_needed:\n", "  iommu_not_wanted:\n"),
+            "advice.iommu_not_needed: missing advice",
+        ),
+        (("{pairs} over NVLink", "{pair} over NVLink"), "unknown template field {pair}"),
     ],
 )
 def test_a_broken_knowledge_file_names_file_and_key(
@@ -722,19 +800,55 @@ exec sh -c "$1"
     assert "lspci -D -vvv" in log.read_text()  # the fake host answered through ssh
 
 
-def test_doctor_with_a_bad_parallel_size_in_the_pin_exits_2(
+@pytest.mark.parametrize("value", ["two", "²"])
+def test_doctor_with_a_bad_parallel_size_in_the_pin_names_file_key_and_line(
     stacks_dir: Path,
     tmp_path: Path,
     run_cli: Callable[..., Result],
     fake_host: Callable[..., Path],
+    value: str,
 ) -> None:
+    """ "²".isdigit() is true, and int("²") raised a ValueError traceback: now both are bad input
+    (exit 2) at the pin file's line of that word of `command`."""
     fake_host("pro6000-2x-ok")
     pin = _pin(stacks_dir, tmp_path, host=HOST)
-    command = [*pin.command, "--tensor-parallel-size", "two"]
+    command = [*pin.command, "--tensor-parallel-size", value]
     write_pin(tmp_path / "hosts", pin.model_copy(update={"command": command}))
+    path = tmp_path / "hosts" / f"{HOST}.yaml"
+    index = len(command) - 1
+    line = load_yaml(path).lines[("command", index)]
     result = run_cli("doctor", "--host", HOST, stacks_dir=stacks_dir)
     assert result.exit_code == 2, result.output
-    assert "command: --tensor-parallel-size 'two' is not a number of GPUs" in result.output
+    assert "Traceback" not in result.output
+    assert (
+        f"{path}:{line}: command.{index}: --tensor-parallel-size {value!r} is not a number of GPUs"
+        in result.output
+    )
+
+
+def test_doctor_with_a_bad_parallel_size_in_a_stacks_extra_args_names_that_key(
+    stacks_dir: Path,
+    write_stack: Callable[..., Path],
+    run_cli: Callable[..., Result],
+    fake_host: Callable[..., Path],
+) -> None:
+    """In a stack the word comes from serve.extra_args (the argv's words before them are derived
+    from checked manifest fields): the error names the manifest, that key's index and line. (A
+    vLLM stack refuses -tp there when it is resolved; a transformers one passes it on.)"""
+    path = write_stack(
+        "tp-bad",
+        "extends: ci-mini\n"
+        "serve:\n"
+        "  extra_args:\n"
+        "    - --trust-remote-code\n"
+        "    - -tp=²\n"
+        "python: {wheels: []}\n",  # its local wheel is not beside this copy of stacks/
+    )
+    fake_host("pro6000-2x-ok")
+    result = run_cli("doctor", "--stack", "tp-bad", stacks_dir=stacks_dir)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert f"{path}:5: serve.extra_args.1: -tp '²' is not a number of GPUs" in result.output
 
 
 @pytest.mark.parametrize(
@@ -768,16 +882,95 @@ def test_doctor_on_the_real_two_h200_host_sees_p2p_over_nvlink(
     fake_host: Callable[..., Path],
 ) -> None:
     """Captured on the lent 2x H200 machine (a Firecracker VM: NVLink NV18, no lspci, no IOMMU
-    unit), where `doctor --stack` for a TP=2 stack printed exactly these three lines
-    (bench/results/h200-fp8kv/doctor-tp2.txt)."""
+    unit). `doctor --stack` for a TP=2 stack printed P2P OK over NV18, a warning that lspci was
+    missing and the IOMMU as not translating (bench/results/h200-fp8kv/doctor-tp2.txt); the
+    pair is over NVLink, so ACS and the IOMMU are now not judged for it, and lspci's absence is
+    no warning."""
     fake_host("h200-2x-nvlink", without=("lspci",))
     _tp_pin(stacks_dir, tmp_path)
     result = run_cli("doctor", "--host", HOST, stacks_dir=stacks_dir)
     assert "Traceback" not in result.output
-    assert "ok    tp-p2p: P2P read and write OK between GPU 0-1 (NV18)" in result.output
-    assert "warn  tp-acs: not checked: lspci is not on PATH" in result.output
+    assert "ok    tp-p2p: P2P read and write OK between GPU 0-1 (NV18) over NVLink" in (
+        result.output
+    )
+    assert "ok    tp-acs: not judged: P2P between GPU 0-1 (NV18) goes over NVLink" in (
+        result.output
+    )
     assert (
-        "ok    tp-iommu: the IOMMU does not translate the GPUs' DMA "
-        "(no IOMMU unit in /sys/class/iommu)" in result.output
+        "ok    tp-iommu: not judged: P2P between GPU 0-1 (NV18) goes over NVLink, not through "
+        "the PCIe root complex where an IOMMU translates DMA (this host: no IOMMU unit in "
+        "/sys/class/iommu)" in result.output
     )
     assert not [line for line in _lines(result, "FAIL") if line.startswith("FAIL  tp")]
+    assert not [line for line in _lines(result, "warn") if line.startswith("warn  tp")]
+
+
+# --- NVLink pairs are not PCIe P2P ---------------------------------------------------------------
+
+HGX = "h200-2x-nvlink-hgx"
+
+
+def test_the_hgx_variant_has_acs_redirect_and_a_translating_iommu() -> None:
+    """Guards the NVLink tests below: judged as PCIe, the variant's pair fails both."""
+    host = _host(HGX)
+    assert host.iommu.mode == "translated" and "DMA-FQ" in host.iommu.how
+    assert host.pci is not None
+    between = bridges_between(host.pci, "0000:18:00.0", "0000:2a:00.0")
+    assert sum(bool(b.acs and {"ReqRedir", "CmpltRedir"} <= b.acs) for b in between) == 4
+    over_pcie = replace(host, links={**dict(host.links or {}), (0, 1): "SYS", (1, 0): "SYS"})
+    assert _failed(decide(TP2, over_pcie)) == {"tp-acs", "tp-iommu"}
+
+
+def test_nvlink_pairs_are_left_out_of_the_acs_and_iommu_judgement() -> None:
+    """A bare-metal HGX H200 host (the real capture's NV18 pair and P2P matrices, behind
+    switches with ACS redirect, IOMMU translating): its P2P is over NVLink, nothing fails."""
+    findings = decide(TP2, _host(HGX))
+    assert not _failed(findings) and not _warned(findings), findings
+    found = _by_name(findings)
+    assert found["tp-p2p"].detail == "P2P read and write OK between GPU 0-1 (NV18) over NVLink"
+    assert found["tp-acs"].detail.startswith("not judged: P2P between GPU 0-1 (NV18) goes over")
+    assert "ReqRedir" not in found["tp-acs"].detail and not found["tp-acs"].fix
+    iommu = found["tp-iommu"]
+    assert iommu.detail.startswith("not judged: P2P between GPU 0-1 (NV18) goes over NVLink")
+    assert "DMA-FQ" in iommu.detail and not iommu.fix  # what the IOMMU does, said, not judged
+
+
+def test_pairs_over_pcie_beside_nvlink_pairs_are_still_judged() -> None:
+    """Four GPUs, NVLink bridges between 0-1 and 2-3, PCIe between the others, IOMMU
+    translating: the IOMMU fails for the PCIe pairs alone, the P2P finding says which is which."""
+    host = _host("pro6000-4x-switch")
+    links = dict(host.links or {})
+    for a, b in ((0, 1), (1, 0), (2, 3), (3, 2)):
+        links[(a, b)] = "NV4"
+    host = replace(host, links=links, iommu=Iommu("translated", "IOMMU group type DMA"))
+    findings = decide(Serve("s", tensor_parallel=4), host)
+    assert _failed(findings) == {"tp-iommu"}
+    found = _by_name(findings)
+    assert found["tp-p2p"].detail == (
+        "P2P read and write OK between GPU 0-1 (NV4), GPU 2-3 (NV4) over NVLink; "
+        "GPU 0-2 (PIX), GPU 0-3 (PIX), GPU 1-2 (PIX), GPU 1-3 (PIX) over PCIe"
+    )
+    iommu = found["tp-iommu"].detail
+    assert "GPU 0-2 (PIX)" in iommu and "GPU 0-1" not in iommu and "GPU 2-3" not in iommu
+    assert found["tp-acs"].detail.startswith("no ACS redirect")
+
+
+def test_doctor_on_an_hgx_host_with_a_translating_iommu_passes_tp_over_nvlink(
+    write_stack: Callable[..., Path],
+    stacks_dir: Path,
+    run_cli: Callable[..., Result],
+    fake_host: Callable[..., Path],
+) -> None:
+    """It exited 1 with `FAIL tp-iommu … P2P between GPU 0-1 (NV18) is sent to the root complex`
+    and `FAIL tp-acs` for ACS redirect on its switches: both about PCIe, which NVLink P2P does
+    not cross."""
+    write_stack("h200-tp2", "extends: vllm-0.22-sm90-fp8kv\nserve: {tensor_parallel_size: 2}\n")
+    log = fake_host(HGX)
+    result = run_cli("doctor", "--stack", "h200-tp2", stacks_dir=stacks_dir)
+    assert result.exit_code == 0, result.output
+    assert not _lines(result, "FAIL") and not _lines(result, "warn")
+    assert "ok    tp-p2p: P2P read and write OK between GPU 0-1 (NV18) over NVLink" in (
+        result.output
+    )
+    assert "sent to the root complex" not in result.output
+    assert "lspci -D -vvv" in log.read_text()

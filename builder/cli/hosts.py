@@ -19,7 +19,7 @@ from builder.errors import StackError, ToolMissing
 from builder.hosts import remote, topology
 from builder.hosts.deploy import apply, write_files
 from builder.hosts.hostcheck import Finding, Probe, check, gather, requirements_for
-from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, write_pin
+from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
 from builder.image.address import check_address
 from builder.image.docker_engine import connect_engine
 from builder.image.engine import Engine
@@ -27,6 +27,7 @@ from builder.image.records import load_record
 from builder.image.registry import Registry
 from builder.lock.lockfile import UNPINNED, lock_path, make_lock, read_lock, write_lock
 from builder.spec.serve import serve_argv
+from builder.spec.yamlsafe import load_yaml
 
 EXIT_DRIFT = 1
 
@@ -319,8 +320,10 @@ def doctor(
     hosts_dir: Path | None,
 ) -> None:
     """Host prerequisites for serving: engine, NVIDIA driver, GPUs, container runtime; for a
-    pin or stack serving on several GPUs, what tensor parallelism over PCIe needs (P2P between
-    its GPUs, no ACS redirect on the bridges between them, no translating IOMMU).
+    pin or stack serving on several GPUs, what tensor parallelism needs (P2P between its GPUs;
+    for pairs over PCIe, no translating IOMMU, and no ACS redirect on the bridges between them:
+    a failure where the IOMMU translates, a warning where it does not; pairs over NVLink are
+    not judged for either).
 
     Exit status: 0 all present, 1 something is missing (each with its fix), 2 bad input.
     """
@@ -328,17 +331,21 @@ def doctor(
         raise StackError("give --host or --stack, not both", key="--host")
     needs, selected, serve, pinned = None, None, None, None
     if host:
-        pinned = load_pin(_hosts_dir(settings, hosts_dir), host)
+        folder = _hosts_dir(settings, hosts_dir)
+        pinned = load_pin(folder, host)
         needs, selected = pinned.needs.requirements(), pinned.gpu_indices
+        origin = topology.ArgvOrigin(("command",), 0, (load_yaml(pin_path(folder, host)),))
         serve = topology.serve_of(
-            f"the pin of {host}", pinned.command, pinned.env, pinned.gpu_indices
+            f"the pin of {host}", pinned.command, pinned.env, pinned.gpu_indices, origin
         )
     elif stack:
         resolved = settings.resolve(stack)
         needs = requirements_for(list(resolved.manifest.gpus), resolved.arch.min_driver)
-        serve = topology.serve_of(
-            f"stack {stack}", serve_argv(resolved), resolved.manifest.env, None
-        )
+        argv = serve_argv(resolved)
+        extra = len(resolved.manifest.serve.extra_args)  # serve_argv ends with them
+        docs = tuple(load_yaml(path) for path in resolved.sources)
+        origin = topology.ArgvOrigin(("serve", "extra_args"), len(argv) - extra, docs)
+        serve = topology.serve_of(f"stack {stack}", argv, resolved.manifest.env, None, origin)
     probe = _probe(pinned)
     if pinned is None:
         engine, why = _engine()

@@ -1,9 +1,10 @@
 """Tensor parallelism over PCIe: what a serve on several GPUs needs from its host.
 
 A serve whose tensor_parallel_size x pipeline_parallel_size is above 1 all-reduces between its
-GPUs. Over PCIe that traffic goes peer to peer (P2P) when CUDA reports peer access; it hangs, or
-at best detours through the CPU, when PCI Access Control Services (ACS) on the bridges between
-the GPUs redirect it to the root complex and the IOMMU translates it there.
+GPUs. Over PCIe that traffic goes peer to peer (P2P) when CUDA reports peer access; PCI Access
+Control Services (ACS) redirect on the bridges between the GPUs sends it up to the root complex,
+slower, and where the IOMMU translates it there it hangs. A pair whose `nvidia-smi topo -m` link
+is NV# does P2P over NVLink, not PCIe: ACS and the IOMMU are not judged for it.
 
 Read on the host through a hostcheck Probe (this machine, or over ssh for a pin's ssh:// engine;
 argv lists only, never a shell string): `nvidia-smi --query-gpu` (bus IDs), `nvidia-smi topo -m`
@@ -29,7 +30,7 @@ from pydantic import Field
 
 from builder.errors import StackError
 from builder.hosts.hostcheck import Finding, Probe
-from builder.spec.knowledge import parse_document, read_knowledge
+from builder.spec.knowledge import locate, parse_document, read_knowledge
 from builder.spec.strict import Strict
 from builder.spec.yamlsafe import YamlDocument
 
@@ -53,6 +54,8 @@ GROUP_TYPE_IDENTITY = "identity"
 Pair = tuple[int, int]
 IommuMode = Literal["translated", "passthrough", "off", "unknown"]
 
+#: `nvidia-smi topo -m`'s link of a pair joined by a bonded set of # NVLinks (its legend: NV#).
+_NVLINK = re.compile(r"^NV\d+$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MATRIX_DEVICE = re.compile(r"^(GPU|NIC|NVME|NVMe)\d+$")
 _GPU = re.compile(r"^GPU(\d+)$")
@@ -104,38 +107,69 @@ class Serve:
         return self.nccl_p2p_disabled and not self.custom_all_reduce_uses_p2p
 
 
+@dataclass(frozen=True)
+class ArgvOrigin:
+    """Where the words of a serve argv were written, for errors that name the file, key and line:
+    from argv[first] on, the list at `key` (a pin's `command`; a stack's serve.extra_args, after
+    the words the tool derives from the manifest) of the first of docs (child first) that
+    spells it out."""
+
+    key: tuple[str, ...] = ("command",)
+    first: int = 0
+    docs: tuple[YamlDocument, ...] = ()
+
+    def error(self, index: int, message: str, hint: str) -> StackError:
+        """An error about argv[index]: `key.N` with N its index in that list."""
+        if index < self.first:  # a word derived from a checked manifest field: no list index
+            return StackError(message, key=".".join(self.key), hint=hint)
+        key_path = (*self.key, index - self.first)
+        file, line = None, None
+        if self.docs:
+            doc, line = locate(key_path, list(self.docs))
+            file = doc.path
+        key = ".".join(map(str, key_path))
+        return StackError(message, file=file, key=key, line=line, hint=hint)
+
+
 def serve_of(
-    what: str, argv: Sequence[str], env: Mapping[str, str], gpus: Sequence[int] | None
+    what: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    gpus: Sequence[int] | None,
+    origin: ArgvOrigin | None = None,
 ) -> Serve:
     """The Serve of a serve command (a pin's `command`, a stack's serve argv) and its env.
 
-    A parallel size that is not a positive whole number is bad input (StackError, key command).
+    A parallel size that is not a positive whole number is bad input: a StackError naming where
+    origin says the word was written (default: key command.N, no file).
     """
+    origin = origin or ArgvOrigin()
     return Serve(
         what=what,
-        tensor_parallel=_parallel_size(argv, TP_FLAGS),
-        pipeline_parallel=_parallel_size(argv, PP_FLAGS),
+        tensor_parallel=_parallel_size(argv, TP_FLAGS, origin),
+        pipeline_parallel=_parallel_size(argv, PP_FLAGS, origin),
         gpus=None if gpus is None else tuple(gpus),
         nccl_p2p_disabled=env.get(P2P_DISABLE, "").strip() == "1",
         custom_all_reduce_disabled=NO_CUSTOM_ALL_REDUCE in argv,
     )
 
 
-def _parallel_size(argv: Sequence[str], flags: tuple[str, ...]) -> int:
+def _parallel_size(argv: Sequence[str], flags: tuple[str, ...], origin: ArgvOrigin) -> int:
     value: str | None = None
-    flag = flags[0]
+    flag, at = flags[0], 0
     for index, word in enumerate(argv):
         for name in flags:
             if word == name and index + 1 < len(argv):
-                value, flag = argv[index + 1], name
+                value, flag, at = argv[index + 1], name, index + 1
             elif word.startswith(name + "="):
-                value, flag = word.split("=", 1)[1], name
+                value, flag, at = word.split("=", 1)[1], name, index
     if value is None:
         return 1
-    if not value.isdigit() or int(value) < 1:
-        raise StackError(
+    # str.isdigit() is true for "²" and other digits int() refuses: ASCII digits only.
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
+        raise origin.error(
+            at,
             f"{flag} {value!r} is not a number of GPUs",
-            key="command",
             hint=f"the serve command needs {flag} N with N >= 1",
         )
     return int(value)
@@ -469,6 +503,8 @@ class Workaround(Strict):
 
 
 class PcieKnowledge(Strict):
+    #: The `topo -p2p` legend, OK first, then from the most to the least severe: a pair whose
+    #: read and write matrices differ is reported under the more severe of its two codes.
     p2p_status: dict[str, Status]
     acs_redirect_flags: list[str]
     setpci: str
@@ -478,6 +514,17 @@ class PcieKnowledge(Strict):
 
     def urls(self, keys: Sequence[str]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.sources[key].url for key in keys))
+
+    def severity(self, code: str) -> int:
+        """How severe a `topo -p2p` code is, 0 the most: its place in p2p_status; a code the
+        file does not know ranks as U (Unknown), whose wording it gets."""
+        order = list(self.p2p_status)
+        return order.index(code if code in order else "U")
+
+    def worst(self, codes: set[str]) -> str | None:
+        """The most severe of codes other than OK (None: all OK)."""
+        refused = codes - {"OK"}
+        return min(refused, key=lambda c: (self.severity(c), c)) if refused else None
 
     def finding(
         self, name: str, key: str, ok: bool = True, warn: bool = False, **fields: Any
@@ -507,15 +554,21 @@ ADVICE_FIELDS: dict[str, frozenset[str]] = {
         "p2p_ok": {"pairs"},
         "p2p_not_ok": {"pairs", "status", "meaning", "consequence", "fix"},
         "p2p_unread": {"why"},
+        "over_nvlink": {"pairs"},
+        "over_pcie": {"pairs"},
         "acs_ok": {"bridges"},
         "acs_none": {"pairs"},
-        "acs_redirect": {"pairs", "bridges", "setpci", "kernel_list", "workaround"},
+        "acs_redirect": {"pairs", "bridges", "setpci", "kernel_list", "workaround", "how"},
+        "acs_redirect_passthrough": {"pairs", "bridges", "setpci", "kernel_list", "how"},
         "acs_unread": {"why"},
         "acs_denied": {"bridges"},
         "acs_not_needed": set(),
+        "acs_nvlink": {"pairs"},
         "iommu_ok": {"how"},
         "iommu_translated": {"how", "pairs", "workaround"},
         "iommu_unknown": {"how"},
+        "iommu_not_needed": set(),
+        "iommu_nvlink": {"pairs", "how"},
         "workaround_in_effect": {"finding", "custom_ar", "cost"},
         "workaround_incomplete": {"finding", "fix"},
         "workaround_unneeded": set(),
@@ -586,8 +639,9 @@ def check(serve: Serve, probe: Probe, k: PcieKnowledge | None = None) -> list[Fi
 def decide(serve: Serve, host: HostTopology, k: PcieKnowledge | None = None) -> list[Finding]:
     """Findings for serve on host: its GPUs (the first tensor x pipeline parallel of those the
     pin gives it, by index; enough?), P2P between each pair, ACS on the bridges P2P between
-    them crosses, the IOMMU; the pin's workaround, if any, turns a failure into a warning with
-    its cost."""
+    them crosses, the IOMMU; pairs linked by NVLink are left out of the ACS and IOMMU judgement
+    (their P2P does not cross PCIe). The pin's workaround, if any, turns a failure into a
+    warning with its cost."""
     k = k or knowledge()
     if host.gpus_error is not None:
         return [k.finding("tp", "gpus_unread", ok=True, warn=True, why=host.gpus_error)]
@@ -616,44 +670,75 @@ def decide(serve: Serve, host: HostTopology, k: PcieKnowledge | None = None) -> 
     findings = [k.finding("tp", "gpus", what=serve.what, needed=needed, gpus=names)]
     pairs = list(combinations(sorted(chosen, key=lambda gpu: gpu.index), 2))
     p2p, used = _p2p(host, pairs, k)
-    acs = _acs(serve, host, used, k)
-    iommu = _iommu_finding(serve, host, used, k)
+    pcie = [pair for pair in used if not _over_nvlink(host, *pair)]
+    nvlink = [pair for pair in used if _over_nvlink(host, *pair)]
+    acs = _acs(serve, host, pcie, nvlink, k)
+    iommu = _iommu_finding(serve, host, pcie, nvlink, k)
     clean = all(f.ok and not f.warn for f in (p2p, acs, iommu))
     if serve.nccl_p2p_disabled and clean:
         p2p = k.finding("tp-p2p", "workaround_unneeded", ok=True, warn=True)
     return [*findings, p2p, acs, iommu]
 
 
+GpuPair = tuple[GpuSlot, GpuSlot]
+
+
+def _link(host: HostTopology, a: GpuSlot, b: GpuSlot) -> str | None:
+    links = host.links or {}
+    return links.get((a.index, b.index)) or links.get((b.index, a.index))
+
+
+def _over_nvlink(host: HostTopology, a: GpuSlot, b: GpuSlot) -> bool:
+    """Whether `topo -m` links the pair by NVLink (NV#): its P2P does not cross PCIe."""
+    return bool(_NVLINK.match(_link(host, a, b) or ""))
+
+
 def _pair_name(host: HostTopology, a: GpuSlot, b: GpuSlot) -> str:
-    link = (host.links or {}).get((a.index, b.index))
+    link = _link(host, a, b)
     return f"GPU {a.index}-{b.index}" + (f" ({link})" if link else "")
+
+
+def _pair_names(host: HostTopology, pairs: Sequence[GpuPair]) -> str:
+    return ", ".join(_pair_name(host, a, b) for a, b in pairs)
+
+
+def _pairs_by_link(host: HostTopology, pairs: Sequence[GpuPair], k: PcieKnowledge) -> str:
+    """The pairs named, those over NVLink said to be (a host without NVLink: names alone)."""
+    nvlink = [pair for pair in pairs if _over_nvlink(host, *pair)]
+    if not nvlink:
+        return _pair_names(host, pairs)
+    pcie = [pair for pair in pairs if pair not in nvlink]
+    parts = [k.advice["over_nvlink"].detail.format(pairs=_pair_names(host, nvlink))]
+    if pcie:
+        parts.append(k.advice["over_pcie"].detail.format(pairs=_pair_names(host, pcie)))
+    return "; ".join(parts)
 
 
 def _p2p(
     host: HostTopology,
-    pairs: list[tuple[GpuSlot, GpuSlot]],
+    pairs: list[GpuPair],
     k: PcieKnowledge,
-) -> tuple[Finding, list[tuple[GpuSlot, GpuSlot]]]:
+) -> tuple[Finding, list[GpuPair]]:
     """The P2P finding, and the pairs whose traffic may go peer to peer (OK, or unknown)."""
     if host.p2p_read is None or host.p2p_write is None:
         why = host.p2p_error or "no P2P matrix"
         return k.finding("tp-p2p", "p2p_unread", ok=True, warn=True, why=why), pairs
-    refused: dict[str, list[tuple[GpuSlot, GpuSlot]]] = {}
+    refused: dict[str, list[GpuPair]] = {}
     used = []
     for a, b in pairs:
         codes = {matrix.get((a.index, b.index), "U") for matrix in (host.p2p_read, host.p2p_write)}
-        worst = sorted(codes - {"OK"})
-        if worst:
-            refused.setdefault(worst[0], []).append((a, b))
+        worst = k.worst(codes)
+        if worst is not None:
+            refused.setdefault(worst, []).append((a, b))
         else:
             used.append((a, b))
     if refused:
         advice = k.advice["p2p_not_ok"]
         details, fixes, evidence = [], [], list(advice.evidence)
-        for code, refused_pairs in sorted(refused.items()):
+        for code in sorted(refused, key=lambda c: (k.severity(c), c)):
             status = k.p2p_status.get(code) or k.p2p_status["U"]
             fields = {
-                "pairs": ", ".join(_pair_name(host, a, b) for a, b in refused_pairs),
+                "pairs": _pairs_by_link(host, refused[code], k),
                 "status": code,
                 "meaning": status.meaning,
                 "consequence": status.consequence,
@@ -671,14 +756,27 @@ def _p2p(
             evidence=k.urls(evidence),
         )
         return finding, used
-    names = ", ".join(_pair_name(host, a, b) for a, b in pairs)
-    return k.finding("tp-p2p", "p2p_ok", pairs=names), used
+    finding = k.finding("tp-p2p", "p2p_ok", pairs=_pairs_by_link(host, pairs, k))
+    if any(_over_nvlink(host, *pair) for pair in pairs):
+        cited = [*k.advice["p2p_ok"].evidence, *k.advice["over_nvlink"].evidence]
+        finding = replace(finding, evidence=k.urls(cited))
+    return finding, used
 
 
 def _acs(
-    serve: Serve, host: HostTopology, used: list[tuple[GpuSlot, GpuSlot]], k: PcieKnowledge
+    serve: Serve,
+    host: HostTopology,
+    used: list[GpuPair],
+    nvlink: list[GpuPair],
+    k: PcieKnowledge,
 ) -> Finding:
+    """ACS on the bridges between the pairs whose P2P crosses PCIe (used). Redirect sends their
+    P2P up to the root complex: a failure where the IOMMU translates it there or may (the hangs
+    of vllm#33041, rtx6kpro#15), a warning with its cost where the IOMMU passes DMA through or
+    is off (P2P works, slower): see the reasoning in knowledge/pcie_p2p.yaml."""
     if not used:
+        if nvlink:
+            return k.finding("tp-acs", "acs_nvlink", pairs=_pair_names(host, nvlink))
         return k.finding("tp-acs", "acs_not_needed")
     if host.pci is None:
         why = host.pci_error or "lspci gave no output"
@@ -688,26 +786,25 @@ def _acs(
         for bridge in bridges_between(host.pci, a.bus_id, b.bus_id):
             crossed[bridge.address] = bridge
     if not crossed:
-        pairs = ", ".join(_pair_name(host, a, b) for a, b in used)
-        return k.finding("tp-acs", "acs_none", pairs=pairs)
+        return k.finding("tp-acs", "acs_none", pairs=_pair_names(host, used))
     flags = set(k.acs_redirect_flags)
     redirecting = [b for b in crossed.values() if b.acs and b.acs & flags]
     if redirecting:
-        pairs = ", ".join(
-            _pair_name(host, a, b)
+        redirected = [
+            (a, b)
             for a, b in used
             if set(bridges_between(host.pci, a.bus_id, b.bus_id)) & set(redirecting)
-        )
-        finding = k.finding(
-            "tp-acs",
-            "acs_redirect",
-            ok=False,
-            pairs=pairs,
-            bridges=", ".join(_bridge_name(b, flags) for b in redirecting),
-            setpci="; ".join(k.setpci.format(bridge=b.address) for b in redirecting),
-            kernel_list=";".join(b.address for b in redirecting),
-            workaround=_workaround(k),
-        )
+        ]
+        fields: dict[str, Any] = {
+            "pairs": _pair_names(host, redirected),
+            "bridges": ", ".join(_bridge_name(b, flags) for b in redirecting),
+            "setpci": "; ".join(k.setpci.format(bridge=b.address) for b in redirecting),
+            "kernel_list": ";".join(b.address for b in redirecting),
+            "how": host.iommu.how,
+        }
+        if host.iommu.mode in ("passthrough", "off"):
+            return k.finding("tp-acs", "acs_redirect_passthrough", ok=True, warn=True, **fields)
+        finding = k.finding("tp-acs", "acs_redirect", ok=False, workaround=_workaround(k), **fields)
         return _worked_around(serve, finding, k)
     denied = [b for b in crossed.values() if b.denied]
     if denied:
@@ -722,13 +819,20 @@ def _acs(
 
 
 def _iommu_finding(
-    serve: Serve, host: HostTopology, used: list[tuple[GpuSlot, GpuSlot]], k: PcieKnowledge
+    serve: Serve,
+    host: HostTopology,
+    used: list[GpuPair],
+    nvlink: list[GpuPair],
+    k: PcieKnowledge,
 ) -> Finding:
-    """Checked on every pair that uses P2P, whatever its link: NCCL's guide has IO
-    virtualization redirect all PCI point-to-point traffic to the root complex."""
-    if not used:
-        return k.finding("tp-iommu", "acs_not_needed")
+    """Checked on every pair whose P2P crosses PCIe (used), whatever its link there: NCCL's
+    guide has IO virtualization redirect all PCI point-to-point traffic to the root complex.
+    NVLink pairs do not cross it."""
     how = host.iommu.how
+    if not used:
+        if nvlink:
+            return k.finding("tp-iommu", "iommu_nvlink", pairs=_pair_names(host, nvlink), how=how)
+        return k.finding("tp-iommu", "iommu_not_needed")
     if host.iommu.mode in ("off", "passthrough"):
         return k.finding("tp-iommu", "iommu_ok", how=how)
     if host.iommu.mode == "unknown":
@@ -738,7 +842,7 @@ def _iommu_finding(
         "iommu_translated",
         ok=False,
         how=how,
-        pairs=", ".join(_pair_name(host, a, b) for a, b in used),
+        pairs=_pair_names(host, used),
         workaround=_workaround(k),
     )
     return _worked_around(serve, finding, k)

@@ -25,18 +25,22 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, Field
 
 from builder.image.engine import Container, ContainerSpec, Engine, EngineError
 from builder.render.context import VENV
+from builder.spec.jitmodules import Specifier
 from builder.spec.knowledge import parse_document, read_knowledge
 from builder.spec.resolve import ResolvedStack
+from builder.spec.strict import Strict
+from builder.spec.yamlsafe import YamlDocument
 from builder.verify import cache_listing
 
+KNOWLEDGE_FILE = "runtime_caches.yaml"
 #: The compile-log kind whose lines name these kernels (knowledge/runtime_compiles.yaml).
 LOG_KIND = "cute_dsl"
 STATUSES = ("hit", "miss", "removed", "listed")
@@ -45,58 +49,129 @@ STATUSES = ("hit", "miss", "removed", "listed")
 # --- knowledge ---------------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+#: A shape group's pattern: ASCII or Unicode decimal digits, at least one (int() reads them).
+_DIGITS = re.compile(r"(?:\[0-9\]|\\d)(?:\+|\{[1-9][0-9]*(?:,[0-9]*)?\})?")
+_NAMED_GROUP = re.compile(r"\(\?P<([A-Za-z_][A-Za-z0-9_]*)>")
 
 
-class _Workspace(_Strict):
+def _compiled(value: str) -> re.Pattern[str]:
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from None
+
+
+def _regex(value: str) -> str:
+    _compiled(value)
+    return value
+
+
+def _with_groups(*required: str) -> Callable[[str], str]:
+    """A regex that compiles and has the named groups the code reads from its match."""
+
+    def check(value: str) -> str:
+        missing = [name for name in required if name not in _compiled(value).groupindex]
+        if missing:
+            needed = ", ".join(f"(?P<{name}>...)" for name in required)
+            raise ValueError(f"the regex has no group {missing[0]!r}: it needs {needed}")
+        return value
+
+    return check
+
+
+def group_patterns(pattern: str) -> dict[str, str]:
+    """The text of each named group of a regex that compiles: (?P<k>[0-9]+) -> {"k": "[0-9]+"}."""
+    bodies: dict[str, str] = {}
+    opened: list[tuple[str | None, int]] = []
+    index, in_class = 0, False
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\":
+            index += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            index += 1
+            index += pattern.startswith("^", index)
+            index += pattern.startswith("]", index)  # a ] first in a class is literal
+            continue
+        elif char == "(":
+            named = _NAMED_GROUP.match(pattern, index)
+            if named is not None:
+                opened.append((named.group(1), named.end()))
+                index = named.end()
+                continue
+            opened.append((None, index + 1))
+        elif char == ")":
+            name, begin = opened.pop()
+            if name is not None:
+                bodies[name] = pattern[begin:index]
+        index += 1
+    return bodies
+
+
+def _shape_regex(value: str) -> str:
+    """A kernel kind's regex: every named group but `digest` is a shape value, read as an int."""
+    _compiled(value)
+    for name, body in group_patterns(value).items():
+        if name != "digest" and not _DIGITS.fullmatch(body):
+            raise ValueError(
+                f"group {name!r} ({body}) must match digits only, as [0-9]+: the shape key's "
+                "values are integers (only `digest` may hold other characters)"
+            )
+    return value
+
+
+Regex = Annotated[str, AfterValidator(_regex)]
+ModuleDirRegex = Annotated[str, AfterValidator(_with_groups("module", "arch"))]
+KernelFileRegex = Annotated[str, AfterValidator(_with_groups("kernel"))]
+ShapeRegex = Annotated[str, AfterValidator(_shape_regex)]
+
+
+class _Workspace(Strict):
     env: str
     default: str
     below: str = ""
 
 
-class _OpsDir(_Strict):
+class _OpsDir(Strict):
     name: str
-    regex: str
+    regex: Regex
 
 
-class _MetaFile(_Strict):
+class _MetaFile(Strict):
     name: str
     keys: list[str] = Field(default_factory=list)
 
 
-class KernelFamily(_Strict):
+class KernelFamily(Strict):
     title: str
-    #: kernel kind -> regex on the kernel's name; named groups: the shape key and `digest`.
-    kinds: dict[str, str] = Field(min_length=1)
+    #: kernel kind -> regex on the kernel's name; named groups: the shape key (digits) and
+    #: `digest`.
+    kinds: dict[str, ShapeRegex] = Field(min_length=1)
     fields: dict[str, str] = Field(default_factory=dict)
     notes: str = ""
     evidence: list[str] = Field(default_factory=list)
 
 
-class CacheLayout(_Strict):
+class CacheLayout(Strict):
     title: str
     package: str
-    versions: str
+    versions: Specifier
     workspace: _Workspace
     path: str
     ops_dir: _OpsDir
-    module_dir: str
-    kernel_file: str
+    #: Groups `module` and `arch`.
+    module_dir: ModuleDirRegex
+    #: Group `kernel`.
+    kernel_file: KernelFileRegex
     meta_file: _MetaFile
     log_name: str
     notes: str = ""
     evidence: list[str] = Field(default_factory=list)
     families: dict[str, KernelFamily] = Field(default_factory=dict)
-
-    @field_validator("versions")
-    @classmethod
-    def _specifier(cls, value: str) -> str:
-        try:
-            SpecifierSet(value)
-        except InvalidSpecifier as exc:
-            raise ValueError(f"not a version specifier: {exc}") from None
-        return value
 
     def applies_to(self, version: str) -> bool:
         return SpecifierSet(self.versions).contains(version, prereleases=True)
@@ -115,13 +190,22 @@ class CacheLayout(_Strict):
         }
 
 
-class _CachesFile(_Strict):
+class _CachesFile(Strict):
     caches: dict[str, CacheLayout]
 
 
 @cache
 def cache_layouts() -> dict[str, CacheLayout]:
-    return parse_document(read_knowledge("runtime_caches.yaml"), _CachesFile).caches
+    """knowledge/runtime_caches.yaml, checked (read once per process)."""
+    return layouts_of(read_knowledge(KNOWLEDGE_FILE))
+
+
+def layouts_of(doc: YamlDocument) -> dict[str, CacheLayout]:
+    """The layouts a runtime_caches document holds, checked when read: each regex compiles and
+    has the groups the code reads (module_dir: module, arch; kernel_file: kernel; a kind's shape
+    groups match digits), so a bad entry is a StackError with file, key and line, not a
+    traceback in the middle of a smoke."""
+    return parse_document(doc, _CachesFile).caches
 
 
 def pinned_version(stack: ResolvedStack, package: str) -> str | None:
@@ -277,6 +361,8 @@ class KernelCacheResult:
     #: Per module folder: its meta file before and after the smoke.
     modules: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: False when judging the listings raised (the notes say why): no kernel rows.
+    judged: bool = True
 
     @property
     def counts(self) -> dict[str, int]:
@@ -475,7 +561,9 @@ def summary_lines(
         return []
     counts = cache.get("counts", {})
     head = f"{indent}{cache['title']} ({cache['where']}): "
-    if not cache.get("listed"):
+    if not cache.get("judged", True):
+        lines = [head + "not judged"]
+    elif not cache.get("listed"):
         lines = [head + "not listed"]
     elif not cache.get("kernels"):
         lines = [head + "no kernel on disk before or after the smoke"]
@@ -524,6 +612,23 @@ class KernelCacheWatch:
         )
         result.notes[:0] = self.failures
         return result
+
+    def failed_result(self, exc: BaseException) -> KernelCacheResult:
+        """The result when judging the listings raised: no kernel rows, the failure a note (the
+        smoke's report is written all the same)."""
+        try:
+            where = self._where()
+        except Exception:
+            where = self.where
+        note = f"judging the listings failed: {type(exc).__name__}: {exc}"[:500]
+        return KernelCacheResult(
+            self.cache_id,
+            self.layout.title,
+            where,
+            listed=self.after_listing is not None,
+            notes=[*self.failures, note],
+            judged=False,
+        )
 
     def _list(self, container: Container | None) -> Listing:
         raise NotImplementedError
@@ -660,6 +765,8 @@ __all__ = [
     "container_watch",
     "directory_watch",
     "docker_exec",
+    "group_patterns",
+    "layouts_of",
     "list_directory",
     "listing_command",
     "parse_kernel_name",

@@ -770,9 +770,15 @@ def judge_compiles(report: SmokeReport, text: str) -> CompileFindings:
 
 def _judge_kernel_cache(report: SmokeReport, watch: KernelCacheWatch | None) -> None:
     """Hit or miss per cached kernel, held against the log's compile lines: shown and counted,
-    never a failed check (a miss is what a first start on an empty cache does)."""
-    if watch is not None:
+    never a failed check (a miss is what a first start on an empty cache does). It runs in the
+    smoke's `finally`, before the report is written: a judgement that raises is a note in the
+    report, never a lost report."""
+    if watch is None:
+        return
+    try:
         report.kernel_cache = watch.result(report.runtime_compiles).to_json()
+    except Exception as exc:
+        report.kernel_cache = watch.failed_result(exc).to_json()
 
 
 def _file_tail(path: Path | None) -> list[str]:
