@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ from click.testing import Result
 from builder.errors import StackError
 from builder.render.context import render
 from builder.spec.jitmodules import jit_modules_known
+from builder.spec.manifest import OPTIONAL_MODEL_FACTS, Model, Speculative
 from builder.spec.resolve import jit_module_table, resolve
-from builder.spec.servepath import attention_backend_option
+from builder.spec.serve import serve_argv
+from builder.spec.servepath import COMMAND_OPTIONS, attention_backend_option
 from tests.conftest import STACKS
 
 # FlashInfer's get_batch_prefill_uri (flashinfer/jit/attention/modules.py, 0.6.5 and
@@ -219,10 +222,36 @@ def test_a_hand_listed_family_module_resolves(
         (['--attention-config={"backend": "triton_attn"}'], ("TRITON_ATTN", 0)),
         (["--attention-config", '{"flash_attn_version": 2}'], None),
         (["--trust-remote-code"], None),
+        # argparse keeps the last of an option given twice (vLLM only warns about duplicates).
+        (
+            ["--attention-backend", "FLASH_ATTN", "--attention-backend", "FLASHINFER"],
+            ("FLASHINFER", 2),
+        ),
+        (
+            ["-ac", '{"backend": "FLASHINFER"}', "-ac", '{"backend": "TRITON_ATTN"}'],
+            ("TRITON_ATTN", 2),
+        ),
+        # A later config that names no backend replaces the earlier one whole.
+        (["-ac", '{"backend": "FLASHINFER"}', "-ac", '{"flash_attn_version": 2}'], None),
+        # Dotted keys are merged into one object that vLLM passes after every other argument.
+        (
+            ["--attention-config.backend", "FLASHINFER", "-ac", '{"backend": "FLASH_ATTN"}'],
+            ("FLASHINFER", 0),
+        ),
+        (["-ac", '{"backend": "FLASHINFER"}', "--attention-config.flash_attn_version", "2"], None),
+        (["--attention-config.backend", '"flashinfer"'], ("FLASHINFER", 0)),
+        # auto (any case) and None name no backend: vLLM picks, as with no option.
+        (["--attention-backend", "auto"], None),
+        (["--attention-backend", "None"], None),
+        (["-ac", '{"backend": "AUTO"}'], None),
+        # Any unambiguous prefix of the option is the option (argparse's allow_abbrev).
+        (["--attention-b", "FLASHINFER"], ("FLASHINFER", 0)),
+        (["--attention", "FLASHINFER"], None),  # backend or config: ambiguous, vLLM refuses
     ],
 )
 def test_the_attention_backend_option(args: list[str], expected: Any) -> None:
-    assert attention_backend_option(args) == expected
+    found = attention_backend_option(args)
+    assert (found and (found.backend, found.index)) == expected
 
 
 def test_fp8_kv_on_sm120_in_022_routes_to_flashinfer(
@@ -371,3 +400,289 @@ def test_a_sampler_variable_vllm_cannot_read_is_refused(
     with pytest.raises(StackError) as caught:
         resolve("s", stacks_dir)
     assert caught.value.key == "env.VLLM_USE_FLASHINFER_SAMPLER"
+
+
+# --- serve.extra_args: what vLLM's parser reads ------------------------------------------------
+
+
+def _extra_args(write_stack: Callable[..., Path], name: str, parent: str, *args: str) -> Path:
+    """A child stack whose serve.extra_args are these, one per line after --trust-remote-code."""
+    return write_stack(
+        name, {"extends": parent, "serve": {"extra_args": ["--trust-remote-code", *args]}}
+    )
+
+
+def test_a_kv_cache_dtype_in_extra_args_is_refused_with_its_line(
+    write_stack: Callable[..., Path], stacks_dir: Path, run_cli: Callable[..., Result]
+) -> None:
+    """The reviewer's case: vLLM serves FLASHINFER with fp8 KV from extra_args, while the serve
+    path read only serve.kv_cache_dtype and derived FLASH_ATTN and no attention module."""
+    path = _extra_args(write_stack, "kv-extra", "vllm-0.22-marlin", "--kv-cache-dtype", "fp8")
+    result = run_cli("check", "kv-extra", stacks_dir=stacks_dir)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    line = _line_of(path, "  - --kv-cache-dtype")
+    assert (
+        f"kv-extra.yaml:{line}: serve.extra_args[1]: --kv-cache-dtype: "
+        "the serve command passes --kv-cache-dtype itself" in result.output
+    )
+    assert "hint: use serve.kv_cache_dtype" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, use",
+    [
+        (["--kv-cache-dtype=fp8"], "serve.kv_cache_dtype"),
+        (["--kv_cache_dtype", "fp8"], "serve.kv_cache_dtype"),
+        (["--kv-cache-dt", "fp8"], "serve.kv_cache_dtype"),  # argparse takes a unique prefix
+        (["--dtype", "float16"], "serve.dtype"),
+        (["--dtype=half"], "serve.dtype"),
+        (["-tp", "2"], "serve.tensor_parallel_size"),
+        (["--tensor-parallel-size=2"], "serve.tensor_parallel_size"),
+        (["-pp", "2"], "serve.pipeline_parallel_size"),
+        (["--max-model-len", "4096"], "serve.max_model_len"),
+        (["--gpu-memory-utilization", "0.8"], "serve.gpu_memory_utilization"),
+        (["--moe-backend", "triton"], "serve.moe_backend"),
+        (["--served-model-name", "x"], "serve.served_model_name"),
+        (["--enforce-eager"], "serve.enforce_eager"),
+        (["--no-enforce-eager"], "serve.enforce_eager"),
+        (["--speculative-config", '{"method": "mtp"}'], "serve.speculative"),
+        (["--speculative-config.method", "mtp"], "serve.speculative"),
+        (["--port", "9000"], "serve.port"),
+        (["--model", "other/model"], "serve.model.id"),
+        (["--host", "127.0.0.1"], "listens on 0.0.0.0"),
+    ],
+)
+def test_extra_args_that_set_a_typed_serve_setting_are_refused(
+    args: list[str], use: str, write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    _extra_args(write_stack, "dup", "vllm-0.22-marlin", *args)
+    with pytest.raises(StackError) as caught:
+        resolve("dup", stacks_dir)
+    assert caught.value.key == "serve.extra_args[1]"
+    assert caught.value.file == stacks_dir / "dup.yaml"
+    assert use in str(caught.value.hint)
+
+
+def test_every_option_the_serve_command_passes_is_refused_in_extra_args() -> None:
+    """Drift guard: a typed serve setting that serve.py turns into a new option must be refused in
+    serve.extra_args too, or the server could run with a value check never read."""
+    stack = resolve("vllm-0.22-marlin", STACKS)
+    serve = stack.manifest.serve.model_copy(
+        update={
+            "tensor_parallel_size": 2,
+            "pipeline_parallel_size": 2,
+            "kv_cache_dtype": "fp8",
+            "dtype": "bfloat16",
+            "enforce_eager": True,
+            "speculative": Speculative(method="mtp"),
+            "extra_args": [],
+        }
+    )
+    full = replace(stack, manifest=stack.manifest.model_copy(update={"serve": serve}))
+    passed = {arg for arg in serve_argv(full) if arg.startswith("-")}
+    assert passed - set(COMMAND_OPTIONS["vllm"]) == set()
+    ci = resolve("ci-mini", STACKS)
+    assert {a for a in serve_argv(ci) if a.startswith("-")} - set(
+        COMMAND_OPTIONS["transformers"]
+    ) == set()
+
+
+def test_the_last_attention_backend_wins_as_in_vllms_parser(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    args = ["--attention-backend", "FLASHINFER", "--attention-backend", "FLASH_ATTN"]
+    _extra_args(write_stack, "last", "vllm-0.22-sm90-fp8kv", *args)
+    path = resolve("last", stacks_dir).serve_path
+    assert path is not None
+    assert (path.attention_backend, path.backend_from) == (
+        "FLASH_ATTN",
+        "--attention-backend FLASH_ATTN",
+    )
+    assert resolve("last", stacks_dir).jit_modules == ("sampling",)
+
+
+def test_the_backend_says_which_option_named_it(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    _extra_args(write_stack, "ac", "vllm-0.22-sm90-fp8kv", "-ac", '{"backend": "flashinfer"}')
+    stack = resolve("ac", stacks_dir)
+    assert stack.serve_path is not None
+    assert stack.serve_path.backend_from == '-ac {"backend": "flashinfer"}'
+    assert stack.jit_modules == ("sampling", FA2_D64_E4M3)
+
+
+def test_an_auto_backend_leaves_the_choice_to_the_route(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    """`--attention-backend auto` is vLLM's own choice, not a backend named AUTO."""
+    write_stack(
+        "auto",
+        {
+            "extends": "vllm-0.22-marlin",
+            "serve": {
+                "kv_cache_dtype": "fp8",
+                "dtype": "bfloat16",
+                "model": {"head_dim": 128},
+                "extra_args": ["--attention-backend", "auto"],
+            },
+        },
+    )
+    path = resolve("auto", stacks_dir).serve_path
+    assert path is not None and path.attention_backend == "FLASHINFER"
+    assert path.modules == (FA2_D64_E4M3.replace("_64_", "_128_"),)
+
+
+@pytest.mark.parametrize(
+    "args, index, says",
+    [
+        (["--attention-backend", "--enforce-eager"], 1, "followed by the option --enforce-eager"),
+        (["--attention-backend"], 1, "followed by nothing"),
+        (["--attention-backend="], 1, "followed by nothing"),
+        (["--attention-config.backend", "--enforce-eager"], 1, "followed by the option"),
+        (["-ac", "flashinfer"], 1, "is not a JSON object"),
+        (["--attention-config", "[1]"], 1, "is not a JSON object"),
+        (["--attention-backend", "FLASHINFER", "-ac", '{"backend": "FLASH_ATTN"}'], 1, "both"),
+    ],
+)
+def test_an_attention_backend_vllm_would_refuse_is_exit_2(
+    args: list[str],
+    index: int,
+    says: str,
+    write_stack: Callable[..., Path],
+    stacks_dir: Path,
+    run_cli: Callable[..., Result],
+) -> None:
+    _extra_args(write_stack, "bad-backend", "vllm-0.22-marlin", *args)
+    with pytest.raises(StackError) as caught:
+        resolve("bad-backend", stacks_dir)
+    assert caught.value.key == f"serve.extra_args[{index}]"
+    assert says in caught.value.message
+    result = run_cli("check", "bad-backend", stacks_dir=stacks_dir)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+# --- vLLM versions no route covers ---------------------------------------------------------------
+
+
+def test_a_vllm_no_route_covers_is_refused_at_its_pin(
+    write_stack: Callable[..., Path], stacks_dir: Path, run_cli: Callable[..., Result]
+) -> None:
+    """The reviewer's case: vllm 0.23.0 with the FlashInfer sampler on and an fp8 KV cache on
+    sm120 passed check with neither the sampler nor an attention module."""
+    path = write_stack(
+        "vllm-023",
+        {
+            "extends": "vllm-0.33-marlin",  # FlashInfer 0.7.2.post1: no sampler-freeze rule
+            "python": {"packages": {"vllm": "0.23.0"}},
+            "env": {"VLLM_USE_FLASHINFER_SAMPLER": "1"},
+            "serve": {"kv_cache_dtype": "fp8", "dtype": "bfloat16", "model": {"head_dim": 128}},
+        },
+    )
+    result = run_cli("check", "vllm-023", stacks_dir=stacks_dir)
+    assert result.exit_code == 2, result.output
+    line = _line_of(path, "    vllm: 0.23.0")
+    assert (
+        f"vllm-023.yaml:{line}: python.packages.vllm: no route in "
+        "knowledge/attention_routes.yaml covers vllm 0.23.0: add one (what its FlashInfer "
+        "backend and sampler build) or pin a covered version"
+    ) in result.output
+
+
+def test_a_rule_on_an_uncovered_vllm_speaks_first(
+    write_stack: Callable[..., Path], stacks_dir: Path, run_cli: Callable[..., Result]
+) -> None:
+    """A compatibility rule on the version says more than "no route": check reports it."""
+    write_stack(
+        "b12x-021", {"extends": "vllm-0.22-b12x", "python": {"packages": {"vllm": "0.21.0"}}}
+    )
+    result = run_cli("check", "b12x-021", stacks_dir=stacks_dir)
+    assert result.exit_code == 2, result.output
+    assert "vLLM before 0.22 has no flashinfer_b12x MoE backend" in result.output
+    assert "no route" not in result.output
+
+
+def test_a_vllm_override_no_route_covers_is_refused_there(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    write_stack(
+        "vllm-dev",
+        {"extends": "vllm-0.22-marlin", "python": {"overrides": {"vllm": "0.24.0"}}},
+    )
+    with pytest.raises(StackError) as caught:
+        resolve("vllm-dev", stacks_dir)
+    assert caught.value.key == "python.overrides.vllm"
+    assert "covers vllm 0.24.0" in caught.value.message
+
+
+def test_a_route_covers_its_whole_minor_series(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    write_stack(
+        "vllm-0223", {"extends": "vllm-0.22-sm90", "python": {"packages": {"vllm": "0.22.3"}}}
+    )
+    assert (
+        resolve("vllm-0223", stacks_dir).jit_modules
+        == resolve("vllm-0.22-sm90", STACKS).jit_modules
+    )
+
+
+@pytest.mark.parametrize("name", ["ci-mini", "ci-mini-sm90", "ci-mini-arm64"])
+def test_stacks_without_vllm_need_no_route(name: str) -> None:
+    if not (STACKS / f"{name}.yaml").is_file():
+        pytest.skip(f"{name} is not in stacks/")
+    stack = resolve(name, STACKS)
+    assert stack.serve_path is None
+    assert stack.jit_modules == ("norm",)
+
+
+# --- model facts ---------------------------------------------------------------------------------
+
+
+def test_every_optional_model_fact_stays_out_of_the_json_while_unset() -> None:
+    """An optional Model fact missing from OPTIONAL_MODEL_FACTS would appear as null in every
+    stack's JSON, and change every content hash, the day it is added."""
+    optional = {
+        name
+        for name, field in Model.model_fields.items()
+        if field.default is None and name != "draft_head_quantization"
+    }
+    assert optional == set(OPTIONAL_MODEL_FACTS)
+    dumped = Model(id="m").model_dump(mode="json")
+    assert not set(OPTIONAL_MODEL_FACTS) & set(dumped)
+
+
+def test_models_with_some_sliding_window_layers_get_both_variants(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    """Gemma 2/3 interleave sliding-window and full-attention layers: vLLM plans each group with
+    its own window, so FlashInfer builds use_swa_True and use_swa_False modules."""
+    model = {"head_dim": 128, "sliding_window": 4096, "sliding_window_layers": "some"}
+    _child(write_stack, "gemma", "vllm-0.22-sm90-fp8kv", serve={"model": model})
+    fa2 = FA2_D64_E4M3.replace("_64_", "_128_")
+    swa = fa2.replace("use_swa_False", "use_swa_True")
+    assert resolve("gemma", stacks_dir).jit_modules == ("sampling", fa2, swa)
+    _child(write_stack, "gemma-bf16", "gemma", serve={"kv_cache_dtype": "bfloat16"})
+    bf16 = FA2_D64_BF16.replace("_64_", "_128_")
+    bf16_swa = bf16.replace("use_swa_False", "use_swa_True")
+    assert resolve("gemma-bf16", stacks_dir).jit_modules == (
+        "sampling",
+        bf16,
+        bf16_swa,
+        bf16 + "_sm90",
+        bf16_swa + "_sm90",
+    )
+    _child(write_stack, "mistral", "gemma", serve={"model": {"sliding_window_layers": "all"}})
+    assert resolve("mistral", stacks_dir).jit_modules == ("sampling", swa)
+
+
+def test_sliding_window_layers_without_a_window_is_refused(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    _child(
+        write_stack, "half", "vllm-0.22-sm90", serve={"model": {"sliding_window_layers": "some"}}
+    )
+    with pytest.raises(StackError) as caught:
+        resolve("half", stacks_dir)
+    assert caught.value.key is not None and caught.value.key.startswith("serve.model")
+    assert "sliding_window" in caught.value.message

@@ -183,32 +183,43 @@ class Model(Strict):
     #: multimodal model). vLLM's FlashInfer attention modules are specialised by it: a stack
     #: whose serve path reaches them needs it (knowledge/attention_routes.yaml).
     head_dim: int | None = Field(default=None, ge=1)
-    #: Set only when every attention layer FlashInfer serves uses a sliding window
-    #: (config.json sliding_window) or a logits soft cap (attn_logit_softcapping): FlashInfer
-    #: builds other modules for them (use_swa_True, use_logits_cap_True).
+    #: The attention layers' sliding window (config.json sliding_window) and logits soft cap
+    #: (attn_logit_softcapping), where they have one: FlashInfer builds other modules for them
+    #: (use_swa_True, use_logits_cap_True). The soft cap is set only when every layer has it.
     sliding_window: int | None = Field(default=None, ge=1)
+    #: Which attention layers use the window: all of them (the default), or only some, as in
+    #: Gemma 2 and 3, which interleave sliding-window and full-attention layers (config.json
+    #: layer_types, or sliding_window_pattern): FlashInfer then builds both modules.
+    sliding_window_layers: Literal["all", "some"] | None = None
     logits_soft_cap: float | None = Field(default=None, gt=0)
     #: The KV cache dtype the checkpoint's own quantization config asks for (a ModelOpt
     #: checkpoint's kv_cache_quant_algo FP8 is fp8_e4m3): from vLLM 0.22 on, `--kv-cache-dtype
     #: auto` (or none) serves the KV cache in it, which decides the attention backend on sm12x.
     checkpoint_kv_cache_dtype: Literal["fp8", "fp8_e4m3", "fp8_e5m2"] | None = None
 
+    def model_post_init(self, context: Any) -> None:
+        if self.sliding_window_layers is not None and self.sliding_window is None:
+            raise ValueError("sliding_window_layers says which layers use sliding_window: set it")
+
     @model_serializer(mode="wrap")
-    def _without_unset_dimensions(self, handler: SerializerFunctionWrapHandler) -> Any:
+    def _without_unset_facts(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        for name in MODEL_DIMENSIONS:
+        for name in OPTIONAL_MODEL_FACTS:
             if isinstance(data, dict) and data.get(name) is None:
                 data.pop(name, None)
         return data
 
 
-MODEL_DIMENSIONS = (
+#: The model facts (from its config.json and quantization config) that stay out of the
+#: manifest's JSON while unset, so adding one to the schema changes no stack's content hash.
+OPTIONAL_MODEL_FACTS = (
     "hidden_size",
     "intermediate_size",
     "moe_intermediate_size",
     "num_experts",
     "head_dim",
     "sliding_window",
+    "sliding_window_layers",
     "logits_soft_cap",
     "checkpoint_kv_cache_dtype",
 )

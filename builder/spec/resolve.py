@@ -26,7 +26,8 @@ from builder.spec.jitmodules import jit_modules_known as jit_modules_known
 from builder.spec.jitmodules import jit_presets as jit_presets
 from builder.spec.knowledge import error_at, validation_error
 from builder.spec.manifest import Manifest
-from builder.spec.servepath import ServePath, derive_serve_path
+from builder.spec.rules import evaluate
+from builder.spec.servepath import NoRoute, ServePath, check_serve_args, derive_serve_path
 from builder.spec.substitute import Substitutions
 from builder.spec.yamlsafe import YamlDocument, load_yaml
 
@@ -139,7 +140,12 @@ def resolve(
         raise validation_error(exc, docs) from None
     repo_root = stacks_dir.resolve().parent
     manifest, substituted = _substitute_bases(manifest, substitutions or Substitutions())
-    serve_path = derive_serve_path(manifest, docs)
+    check_serve_args(manifest, docs)  # first: the serve path reads the typed settings only
+    uncovered: NoRoute | None = None
+    try:
+        serve_path = derive_serve_path(manifest, docs)
+    except NoRoute as exc:
+        serve_path, uncovered = None, exc
     stack = ResolvedStack(
         name=name,
         manifest=manifest,
@@ -154,6 +160,10 @@ def resolve(
     _check_patches(stack, docs)
     _check_wheels(stack, docs)
     _check_template(stack, docs)
+    if uncovered is not None and not evaluate(rule_facts(stack)):
+        # Where a compatibility rule fires (no flashinfer_b12x before vLLM 0.22), its message says
+        # more: `check` and every command that builds (Settings.checked) refuse with it instead.
+        raise uncovered
     return stack
 
 

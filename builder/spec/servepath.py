@@ -12,7 +12,9 @@ spells them, or the cache would miss.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, Literal, get_args
@@ -34,10 +36,47 @@ GpuName = Literal["sm90", "sm120", "sm121"]
 KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 BackendName = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9_]+$")]
 TorchDtype = Annotated[str, StringConstraints(pattern=r"^torch\.[a-z0-9_]+$")]
-#: Options that name vLLM's attention backend (vllm/engine/arg_utils.py; dashes or underscores).
-BACKEND_OPTIONS = ("--attention-backend", "--attention-config.backend", "-ac.backend")
+#: The options that name vLLM's attention backend (vllm/engine/arg_utils.py): the backend itself,
+#: and the attention config whose `backend` key names it (a JSON object, or `--attention-config.KEY
+#: VALUE` one key at a time).
+BACKEND_OPTION = "--attention-backend"
 CONFIG_OPTIONS = ("--attention-config", "-ac")
-#: The stack facts a route parameter can name, "{fact}" (see _Facts.value).
+_SET_IT = "use {} (and drop the option from serve.extra_args)"
+#: Options the serve command already passes (builder/spec/serve.py serve_argv), each from a typed
+#: serve setting, with what to do instead. One repeated in serve.extra_args reaches the server
+#: twice, and argparse keeps the last: the server would run with the extra argument while `check`
+#: (the rules, the serve path derived here) reads the typed setting.
+COMMAND_OPTIONS: dict[str, dict[str, str]] = {
+    "transformers": {
+        "--host": "the serve command listens on 0.0.0.0; choose the address where the port is "
+        "published",
+        "--port": _SET_IT.format("serve.port"),
+    },
+}
+COMMAND_OPTIONS["vllm"] = {
+    **COMMAND_OPTIONS["transformers"],
+    "--model": _SET_IT.format("serve.model.id"),
+    "--served-model-name": _SET_IT.format("serve.served_model_name"),
+    "--moe-backend": _SET_IT.format("serve.moe_backend"),
+    "--tensor-parallel-size": _SET_IT.format("serve.tensor_parallel_size"),
+    "-tp": _SET_IT.format("serve.tensor_parallel_size"),
+    "--pipeline-parallel-size": _SET_IT.format("serve.pipeline_parallel_size"),
+    "-pp": _SET_IT.format("serve.pipeline_parallel_size"),
+    "--max-model-len": _SET_IT.format("serve.max_model_len"),
+    "--kv-cache-dtype": _SET_IT.format("serve.kv_cache_dtype"),
+    "--gpu-memory-utilization": _SET_IT.format("serve.gpu_memory_utilization"),
+    "--dtype": _SET_IT.format("serve.dtype"),
+    "--enforce-eager": _SET_IT.format("serve.enforce_eager"),
+    "--no-enforce-eager": _SET_IT.format("serve.enforce_eager"),
+    "--speculative-config": _SET_IT.format("serve.speculative"),
+    "-sc": _SET_IT.format("serve.speculative"),
+    # vLLM 0.33's shorthands for keys of --speculative-config (create_speculative_config).
+    "--spec-method": _SET_IT.format("serve.speculative.method"),
+    "--spec-tokens": _SET_IT.format("serve.speculative.num_speculative_tokens"),
+}
+#: Every option of vLLM's this module reads, to tell what an abbreviation stands for.
+_VLLM_OPTIONS = (*COMMAND_OPTIONS["vllm"], BACKEND_OPTION, *CONFIG_OPTIONS)
+#: The stack facts a route parameter can name, "{fact}" (see _Facts.values).
 FACTS = ("dtype", "kv_dtype", "head_dim", "sliding_window", "logits_soft_cap")
 
 
@@ -88,7 +127,8 @@ class ServePath:
     vllm: str
     kv_cache_dtype: str
     attention_backend: str
-    #: Where the backend choice comes from (the option, or the rule's reason).
+    #: Where the backend choice comes from: the argument of serve.extra_args that names it, as
+    #: written, or the routing rule's reason.
     backend_from: str
     flashinfer_sampler: bool
     #: The FlashInfer modules this serve path loads, in the order they are added to the stack.
@@ -159,11 +199,49 @@ def attention_routes() -> _RoutesFile:
     return routes
 
 
+class NoRoute(StackError):
+    """The stack's vLLM version is one no route covers (derive_serve_path)."""
+
+
+def check_serve_args(manifest: Manifest, docs: list[YamlDocument]) -> None:
+    """Refuse what in serve.extra_args would make the server differ from what `check` reads: an
+    option the serve command already passes from a typed serve setting (COMMAND_OPTIONS), and an
+    attention backend vLLM would refuse to start with."""
+    serve = manifest.serve
+    if serve.engine == "vllm":
+        _backend_option(manifest, docs)
+    options = COMMAND_OPTIONS[serve.engine]
+    for index, arg in enumerate(serve.extra_args):
+        parsed = _option(arg)
+        if parsed is None:
+            continue
+        spelled = parsed[0].partition(".")[0]
+        option = _expand(spelled, _VLLM_OPTIONS if serve.engine == "vllm" else options)
+        if option not in options:
+            continue
+        abbreviated = (
+            f" ({spelled} abbreviates it: argparse takes any unambiguous prefix)"
+            if spelled != option
+            else ""
+        )
+        raise error_at(
+            docs,
+            ("serve", "extra_args", index),
+            f"{arg}: the serve command passes {option} itself, from the typed serve settings "
+            f"(builder/spec/serve.py){abbreviated}; the server would run with whichever comes "
+            "last, while check (its rules, the FlashInfer modules derived for the serve path) "
+            "reads only the typed setting",
+            options[option],
+        )
+
+
 def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath | None:
-    """The stack's serve path, or None where nothing is known about it (not vLLM, no vllm pin,
-    or a vLLM version no route covers). Errors point at the manifest key to add or change."""
+    """The stack's serve path, or None where it serves with no vLLM (another engine, or no vllm
+    pin). Errors point at the manifest key to add or change: a vLLM version no route covers is
+    one, since its sampler and attention modules would silently go unbuilt."""
     serve = manifest.serve
     python = manifest.python
+    pin_key = "overrides" if "vllm" in python.overrides else "packages"
     pin = {**python.packages, **python.overrides}.get("vllm")
     if serve.engine != "vllm" or pin is None:
         return None
@@ -172,16 +250,25 @@ def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath
         (v for v in routes.versions if Version(pin.version) in SpecifierSet(v.vllm)), None
     )
     if version is None:
-        return None
+        found = error_at(
+            docs,
+            ("python", pin_key, "vllm"),
+            f"no route in knowledge/{ROUTES_FILE} covers vllm {pin.version}: add one (what its "
+            "FlashInfer backend and sampler build) or pin a covered version",
+            f"covered: {', '.join(v.vllm for v in routes.versions)}; without a route, the "
+            "FlashInfer modules its server loads (sampler, attention) would compile at serve time",
+        )
+        raise NoRoute(found.message, found.file, found.key, found.line, found.hint)
     kv_cache_dtype = _kv_cache_dtype(manifest, version)
-    backend, backend_from = _backend(manifest, version, kv_cache_dtype)
+    option = _backend_option(manifest, docs)
+    backend, backend_from = _backend(manifest, version, kv_cache_dtype, option)
     sampler = _sampler_on(manifest, version, routes, docs)
     modules: list[str] = list(routes.sampler.modules) if sampler else []
     if backend == FLASHINFER:
         if version.flashinfer_not_derived:
             raise error_at(
                 docs,
-                _backend_key(manifest),
+                _backend_key(manifest, option),
                 f"vLLM {pin.version} serves attention with FlashInfer here ({backend_from}); "
                 f"{version.flashinfer_not_derived}",
                 "serve with a setting that keeps vLLM's FLASH_ATTN backend, or read that "
@@ -201,7 +288,8 @@ def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath
 
 
 def _kv_cache_dtype(manifest: Manifest, version: _Version) -> KvCacheDtype:
-    """The KV cache dtype vLLM serves with: the option, or what auto becomes."""
+    """The KV cache dtype vLLM serves with: the option, or what auto becomes. serve.extra_args
+    cannot name another (check_serve_args)."""
     asked = manifest.serve.kv_cache_dtype or "auto"
     checkpoint = manifest.serve.model.checkpoint_kv_cache_dtype
     if asked == "auto" and version.auto_kv_from_checkpoint and checkpoint is not None:
@@ -209,48 +297,173 @@ def _kv_cache_dtype(manifest: Manifest, version: _Version) -> KvCacheDtype:
     return asked
 
 
-def attention_backend_option(args: list[str]) -> tuple[str, int] | None:
-    """The attention backend serve.extra_args name, upper-cased as vLLM does, with the index of
-    the argument that names it; None when they name none. vLLM takes `--attention-backend X`,
-    `--attention-config.backend X` and `--attention-config '{"backend": "X"}'` (`-ac` for
-    `--attention-config`), with `=` or a separate value, underscores for dashes."""
+@dataclass(frozen=True)
+class BackendOption:
+    """The attention backend serve.extra_args name, as vLLM will run it."""
+
+    #: Upper-cased, as vLLM looks it up (AttentionBackendEnum[value.upper()]).
+    backend: str
+    #: The argument of serve.extra_args that names it.
+    index: int
+    #: That argument as the manifest spells it, with its value: where the backend comes from.
+    spelled: str
+
+
+class ExtraArgError(ValueError):
+    """An argument of serve.extra_args vLLM would refuse at start, with its index there."""
+
+    def __init__(self, index: int, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.index, self.message, self.hint = index, message, hint
+
+
+def attention_backend_option(args: list[str]) -> BackendOption | None:
+    """The attention backend serve.extra_args name, read as vLLM's parser reads them (read in
+    0.22.1 and 0.33.0: vllm/utils/argparse_utils.py FlexibleArgumentParser, engine/arg_utils.py
+    create_engine_config); None where they name none, or `auto` (vLLM then picks, as with none).
+
+    `--attention-backend X` and `--attention-config '{"backend": "X"}'` (`-ac`), `=` or a
+    separate value, underscores for dashes, any unambiguous prefix of the option; each is stored
+    by argparse, so the last occurrence wins. `--attention-config.KEY VALUE` arguments are merged
+    into one object per spelling and passed after all others, so such an object replaces any JSON
+    one, its own `backend` key or not. vLLM refuses to start with both a backend and a config
+    that names one, with a value that is missing or another option, and with a config that is
+    not a JSON object: so does this (ExtraArgError)."""
+    backend: tuple[str | None, int] | None = None  # the last --attention-backend
+    configs: list[tuple[str | None, int]] = []  # each config's backend, in vLLM's order
+    dotted: dict[str, tuple[str | None, int]] = {}
     for index, arg in enumerate(args):
-        if not arg.startswith("-"):
+        parsed = _option(arg)
+        if parsed is None:
             continue
-        option, has_value, value = arg.partition("=")
-        option = option.replace("_", "-")
-        if not has_value:
-            value = args[index + 1] if index + 1 < len(args) else ""
-        if option in BACKEND_OPTIONS and value:
-            return value.upper(), index
-        if option in CONFIG_OPTIONS and value.startswith("{"):
-            try:
-                config = json.loads(value)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(config, dict) and isinstance(config.get("backend"), str):
-                return config["backend"].upper(), index
+        name, value = parsed
+        spelled, _, key = name.partition(".")
+        option = _expand(spelled, _VLLM_OPTIONS)
+        if option not in CONFIG_OPTIONS and (option != BACKEND_OPTION or key):
+            continue
+        value = _value(args, index, value, option)
+        if key == "backend":
+            dotted[spelled] = (_json_text(value), index)
+        elif key:
+            dotted.setdefault(spelled, (None, index))
+        elif option == BACKEND_OPTION:
+            backend = (None if value == "None" else value, index)  # optional_type(str)
+        else:
+            configs.append((_config_backend(value, index), index))
+    configs += dotted.values()
+    config = configs[-1] if configs else None  # the one vLLM runs with: the last
+    if config is not None and (config[0] is None or config[0].lower() == "auto"):
+        config = None  # names no backend (auto: vLLM picks)
+    chosen = config
+    if backend is not None and backend[0] is not None:
+        if config is not None:
+            raise ExtraArgError(
+                backend[1],
+                f"{args[config[1]]} names the attention backend too: vLLM refuses to start "
+                "with both (attention_backend and attention_config.backend are mutually "
+                "exclusive)",
+                "name the backend once",
+            )
+        chosen = backend
+    if chosen is None or chosen[0] is None or chosen[0].lower() == "auto":
+        return None
+    index = chosen[1]
+    written = args[index] if "=" in args[index] else " ".join(args[index : index + 2])
+    return BackendOption(chosen[0].upper(), index, written)
+
+
+def _option(arg: str) -> tuple[str, str | None] | None:
+    """An argument as vLLM's parser names an option: underscores before the first `.` read as
+    dashes (FlexibleArgumentParser.parse_args), and the value after `=`; None for a value."""
+    if not arg.startswith("-"):
+        return None
+    name, has_value, value = arg.partition("=")
+    if name.startswith("--"):
+        head, dot, rest = name.partition(".")
+        name = head.replace("_", "-") + dot + rest
+    return name, (value if has_value else None)
+
+
+def _expand(spelled: str, options: Collection[str]) -> str | None:
+    """The option of these that `spelled` names: itself, or the only one a long option's prefix
+    abbreviates (argparse's allow_abbrev, on in vLLM's parser). No option of vLLM's is a prefix of
+    one of these, so an exact name of vLLM's never reads as one of them."""
+    if spelled in options:
+        return spelled
+    if spelled.startswith("--") and len(spelled) > 2:
+        found = [option for option in options if option.startswith(spelled)]
+        if len(found) == 1:
+            return found[0]
     return None
 
 
-def _backend_key(manifest: Manifest) -> tuple[str | int, ...]:
+def _value(args: list[str], index: int, value: str | None, option: str) -> str:
+    """The value an option at args[index] takes: after `=`, or the next argument."""
+    if value is None and index + 1 < len(args):
+        value = args[index + 1]
+    if not value or value.startswith("-"):
+        got = "nothing" if not value else f"the option {value}"
+        raise ExtraArgError(
+            index,
+            f"{args[index]} takes a value (the backend or config) and is followed by {got}: "
+            "vLLM refuses to start",
+            f"write {option} VALUE",
+        )
+    return value
+
+
+def _json_text(value: str) -> str | None:
+    """A dotted option's value as vLLM reads it: JSON where it parses, else the text."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return value
+    return parsed if isinstance(parsed, str) else None
+
+
+def _config_backend(value: str, index: int) -> str | None:
+    """The backend an --attention-config JSON object names; None where it names none."""
+    try:
+        config = json.loads(value)
+    except json.JSONDecodeError:
+        config = None
+    if not isinstance(config, dict):
+        raise ExtraArgError(
+            index,
+            f"{value} is not a JSON object: vLLM's --attention-config refuses it at start",
+            """write it as '{"backend": "FLASHINFER"}', or use --attention-backend NAME""",
+        )
+    backend = config.get("backend")
+    return backend if isinstance(backend, str) else None
+
+
+def _backend_option(manifest: Manifest, docs: list[YamlDocument]) -> BackendOption | None:
+    """attention_backend_option over the stack's serve.extra_args, its errors located there."""
+    try:
+        return attention_backend_option(manifest.serve.extra_args)
+    except ExtraArgError as exc:
+        raise error_at(docs, ("serve", "extra_args", exc.index), exc.message, exc.hint) from None
+
+
+def _backend_key(manifest: Manifest, option: BackendOption | None) -> tuple[str | int, ...]:
     """The manifest key that sent the stack to its attention backend."""
     serve = manifest.serve
-    found = attention_backend_option(serve.extra_args)
-    if found is not None:
-        return ("serve", "extra_args", found[1])
+    if option is not None:
+        return ("serve", "extra_args", option.index)
     if serve.kv_cache_dtype in (None, "auto") and serve.model.checkpoint_kv_cache_dtype:
         return ("serve", "model", "checkpoint_kv_cache_dtype")
     return ("serve", "kv_cache_dtype")
 
 
 def _backend(
-    manifest: Manifest, version: _Version, kv_cache_dtype: KvCacheDtype
+    manifest: Manifest,
+    version: _Version,
+    kv_cache_dtype: KvCacheDtype,
+    option: BackendOption | None,
 ) -> tuple[str, str]:
     """The attention backend vLLM runs, and where that choice comes from."""
-    option = attention_backend_option(manifest.serve.extra_args)
     if option is not None:
-        return option[0], f"--attention-backend {option[0]}"
+        return option.backend, option.spelled
     for rule in version.select:
         gpus = [gpu for gpu in manifest.gpus if gpu in rule.gpus]
         if gpus and kv_cache_dtype in rule.kv_cache_dtypes:
@@ -282,7 +495,9 @@ def _sampler_on(
 
 
 class _Facts:
-    """The model facts a route's parameters name, each looked up (and missed) only when used."""
+    """The model facts a route's parameters name, each looked up (and missed) only when used.
+    A fact has one value, or several where the model's layers differ (sliding_window_layers
+    `some`): the route then builds one module per value."""
 
     def __init__(
         self,
@@ -297,13 +512,13 @@ class _Facts:
         self.why = f"vLLM {vllm} serves attention with FlashInfer here ({backend_from})"
         self.kv_cache_dtype = kv_cache_dtype
 
-    def value(self, fact: str) -> ArgValue:
+    def values(self, fact: str) -> tuple[ArgValue, ...]:
         model = self.manifest.serve.model
         if fact == "dtype":
-            return self._dtype()
+            return (self._dtype(),)
         if fact == "kv_dtype":
             kv = self.routes.kv_cache_dtypes[self.kv_cache_dtype]
-            return self._dtype() if kv == "model" else kv
+            return (self._dtype() if kv == "model" else kv,)
         if fact == "head_dim":
             if model.head_dim is None:
                 raise error_at(
@@ -315,11 +530,16 @@ class _Facts:
                     "a multimodal model; hidden_size / num_attention_heads where neither is "
                     "given) and set serve.model.head_dim",
                 )
-            return model.head_dim
+            return (model.head_dim,)
         if fact == "sliding_window":
-            return model.sliding_window is not None
+            if model.sliding_window is None:
+                return (False,)
+            # vLLM puts sliding-window and full-attention layers in KV cache groups of their own,
+            # each planned by its own metadata builder with its own window (v1/attention/
+            # backends/flashinfer.py FlashInferMetadataBuilder, utils.py get_per_layer_parameters)
+            return (False, True) if model.sliding_window_layers == "some" else (True,)
         if fact == "logits_soft_cap":
-            return model.logits_soft_cap is not None
+            return (model.logits_soft_cap is not None,)
         raise ValueError(f"{ROUTES_FILE}: unknown fact {{{fact}}}")
 
     def _dtype(self) -> str:
@@ -344,6 +564,11 @@ def _flashinfer_modules(
     kv_cache_dtype: KvCacheDtype,
     docs: list[YamlDocument],
 ) -> list[str]:
+    """The attention modules the version's FLASHINFER backend builds for this stack: one per
+    route entry that matches its GPUs and KV cache dtype (and one per value of a fact with
+    several), named by the family. Refused where the pinned flashinfer-python is not one the
+    family's spelling was read for: a name that is off by one character is a cache miss that
+    compiles at serve time, which nothing before a GPU run would notice."""
     known = jit_modules_known()
     flashinfer = {**manifest.python.packages, **manifest.python.overrides}.get("flashinfer-python")
     names: list[str] = []
@@ -368,18 +593,22 @@ def _flashinfer_modules(
                 f"read that version's {family.generator} and widen the family's `flashinfer` "
                 "in knowledge/flashinfer_modules.yaml (or add a family)",
             )
-        values = {key: _param(value, facts) for key, value in routes.prefill_params.items()}
-        names.append(known.instance(entry.family, values).name)
+        choices = {key: _params(value, facts) for key, value in routes.prefill_params.items()}
+        for values in itertools.product(*choices.values()):
+            names.append(known.instance(entry.family, dict(zip(choices, values, strict=True))).name)
     return names
 
 
-def _param(value: ArgValue, facts: _Facts) -> ArgValue:
-    """A parameter as the route gives it: a literal, or "{fact}" for a fact of the stack."""
+def _params(value: ArgValue, facts: _Facts) -> tuple[ArgValue, ...]:
+    """A parameter's values as the route gives it: a literal, or "{fact}" for a fact's."""
     fact = _fact_name(value)
-    return value if fact is None else facts.value(fact)
+    return (value,) if fact is None else facts.values(fact)
 
 
 def _fact_name(value: ArgValue) -> str | None:
+    """The fact a route parameter names ("{head_dim}" names head_dim), None for a literal. The
+    routes are data, so a parameter that varies per stack is spelled in them as a placeholder,
+    as the family names spell theirs; literals ("torch.int32", 0, false) pass through."""
     if isinstance(value, str) and value.startswith("{") and value.endswith("}"):
         return value[1:-1]
     return None
