@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from builder import REPO_ROOT
-from builder.image.engine import detect_build_client
+from builder.image.buildclient import detect_build_client
 from builder.image.names import local_ref
 from builder.render.context import render
 from builder.spec.resolve import resolve
@@ -95,6 +95,14 @@ def main() -> None:
     args.stack = f"bench-{args.stack}"
     stack_file = work / "stacks" / f"{args.stack}.yaml"
     stack_file.write_text(original)
+    # The child changes only serve settings, which a lock's inputs leave out: the parent's lock,
+    # under the child's name, is the child's (without one, a locked stack's child would resolve
+    # its packages at build time and build another image).
+    parent_lock = work / "stacks" / f"{original.split()[1]}.lock"
+    if parent_lock.is_file():
+        text = parent_lock.read_text()
+        text = text.replace(f"stack: {original.split()[1]}\n", f"stack: {args.stack}\n", 1)
+        (work / "stacks" / f"{args.stack}.lock").write_text(text)
 
     def tool(*extra: str) -> Callable[[], float]:
         return lambda: sh([*CLI, *extra], work, env)

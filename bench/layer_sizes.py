@@ -22,7 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from builder.image.engine import BuildClient, detect_build_client, engine_api
+import docker
+
+from builder.image.buildclient import BuildClient, detect_build_client
 
 SINGLE_STAGE_TARGET = "jit-cache"
 CACHE_MOUNT = re.compile(r"--mount=type=cache,(?:id=(?P<id>[^,]+),)?target=(?P<target>[^,\s]+)")
@@ -77,7 +79,7 @@ def main() -> None:
     parser.add_argument("--build-dir", type=Path, default=Path("build"))
     parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
     args = parser.parse_args()
-    api, client = engine_api(), detect_build_client()
+    api, client = docker.from_env(), detect_build_client()
     context = args.build_dir / args.stack / "context"
     single = f"sm120-stacks-bench:{args.stack}-single-stage"
     build_single_stage(client, context, single, args.ca_bundle)
