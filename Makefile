@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLI := $(BIN)/sm120-stacks
 STACK ?= ci-mini
 
-.PHONY: help venv host host-registry stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet clean
+.PHONY: help venv host host-registry stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet arm64-emulated clean
 
 help:
 	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-flagship STACK=vllm-0.22-b12x   its measurements (bench/RESULTS.md §4)"
 	@echo "make bench-cache        a fresh engine builds a ci-mini variant from the registry's cache (bench/RESULTS.md)"
 	@echo "make bench-fleet        two hosts (namespaces, sshd, dockerd): roll, rollback, drift (bench/RESULTS.md)"
+	@echo "make arm64-emulated     ci-mini for linux/arm64 under qemu here: qemu/binfmt, arm64 bases, build, test (MEASURE=1: timed cold against amd64, bench/RESULTS.md)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +103,13 @@ bench-cache: venv host-registry base-cuda-local
 
 bench-fleet: venv host-registry base-cuda-local
 	bench/fleet.sh
+
+# ci-mini-arm64 built and tested on this amd64 machine under emulation (qemu-user-static through
+# binfmt_misc, which it installs and registers). Not part of `make test`: CI machines need not
+# allow binfmt_misc, and it takes much longer than the amd64 build. The Spark image itself builds
+# on an arm64 machine: `make stack STACK=vllm-0.33-spark` there.
+arm64-emulated: venv host build/tiny-model
+	scripts/arm64-emulated.sh
 
 clean:
 	rm -rf build
