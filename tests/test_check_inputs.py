@@ -87,3 +87,20 @@ def test_the_installed_set_must_equal_the_lock(tmp_path: Path) -> None:
     assert verdict(unseeded).passed
     assert "setuptools 0.0.1 -> " in verdict({**environment, "setuptools": "0.0.1"}).detail
     assert verdict(None).skipped
+
+
+def test_the_image_must_be_built_for_the_stack_platform(tmp_path: Path) -> None:
+    """The image config's Os/Architecture against the stack's platform: an arm64 stack whose
+    image came out amd64 fails, naming both."""
+    expect = {**_expect("alpha"), "platform": "linux/arm64"}
+    check = "image_is_built_for_the_stack_platform"
+
+    def verdict(architecture: str) -> Any:
+        inspect = {**_inspect("alpha"), "Os": "linux", "Architecture": architecture}
+        (result,) = run_checks(CheckInputs(expect, inspect, []), "local://", tmp_path, check)
+        return result
+
+    assert verdict("arm64").passed
+    wrong = verdict("amd64")
+    assert not wrong.passed
+    assert "image is linux/amd64, the stack says linux/arm64" in wrong.detail

@@ -43,6 +43,8 @@ class Expectations:
     cmd: list[str]
     port: int
     jit_workspace: str
+    #: The stack's platform as Docker spells it (os/arch): what the image config must say.
+    platform: str
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +77,7 @@ def expectations(stack: ResolvedStack, content_hash: str, lock: Lock | None) -> 
         cmd=serve_argv(stack),
         port=m.serve.port,
         jit_workspace=JIT_WORKSPACE,
+        platform=m.platform,
     )
 
 

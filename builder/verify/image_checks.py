@@ -131,6 +131,16 @@ def _is_public_ca_store(path: str) -> bool:
     return path.startswith(PUBLIC_CA_STORES) or path.endswith("/certifi/cacert.pem")
 
 
+def test_image_is_built_for_the_stack_platform(
+    expect: dict[str, Any], inspect: dict[str, Any]
+) -> None:
+    """The image config's os/architecture is the stack's platform. An engine that ignores
+    --platform, or a base of another architecture under the expected tag, yields an image
+    labelled for one machine that runs only on another (bench/RESULTS.md §9)."""
+    built = f"{inspect.get('Os')}/{inspect.get('Architecture')}"
+    assert built == expect["platform"], f"image is {built}, the stack says {expect['platform']}"
+
+
 def test_labels_identify_the_stack(expect: dict[str, Any], inspect: dict[str, Any]) -> None:
     labels = inspect["Config"]["Labels"]
     assert labels["sm120-stacks.stack"] == expect["stack"]
