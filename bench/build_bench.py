@@ -91,17 +91,18 @@ def main() -> None:
     (work / "build" / "wheels").symlink_to(REPO_ROOT / "build" / "wheels")
     env = {"SM120_STACKS_CA_BUNDLE": args.ca_bundle}
     client = detect_build_client()
-    original = f"extends: {args.stack}\n"
+    parent = args.stack
+    original = f"extends: {parent}\n"
     args.stack = f"bench-{args.stack}"
     stack_file = work / "stacks" / f"{args.stack}.yaml"
     stack_file.write_text(original)
     # The child changes only serve settings, which a lock's inputs leave out: the parent's lock,
     # under the child's name, is the child's (without one, a locked stack's child would resolve
     # its packages at build time and build another image).
-    parent_lock = work / "stacks" / f"{original.split()[1]}.lock"
+    parent_lock = work / "stacks" / f"{parent}.lock"
     if parent_lock.is_file():
         text = parent_lock.read_text()
-        text = text.replace(f"stack: {original.split()[1]}\n", f"stack: {args.stack}\n", 1)
+        text = text.replace(f"stack: {parent}\n", f"stack: {args.stack}\n", 1)
         (work / "stacks" / f"{args.stack}.lock").write_text(text)
 
     def tool(*extra: str) -> Callable[[], float]:

@@ -92,8 +92,8 @@ if grep -q '^ARG CUOBJDUMP_VERSION=13.5.37$' "$cuda_context/Dockerfile"; then
   cuda_context="$OUT/cuda-base"
 fi
 if [[ "$(docker image inspect --format '{{.Os}}/{{.Architecture}}' "$CUDA_BASE" 2>/dev/null)" != linux/arm64 ]]; then
-  if docker buildx version >/dev/null 2>&1; then build=(docker buildx build --load)
-  else build=(env DOCKER_BUILDKIT=1 /usr/bin/docker build); fi
+  # shellcheck source=scripts/buildkit-client.sh
+  DOCKER=docker . "$root/scripts/buildkit-client.sh"   # sets build=(...)
   ca_bundle="$(.venv/bin/python -m builder.image.cabundle "${CA_BUNDLE:-${SM120_STACKS_CA_BUNDLE:-}}")"
   start=$SECONDS
   "${build[@]}" --platform linux/arm64 --network host --progress=plain \

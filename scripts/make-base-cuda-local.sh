@@ -29,16 +29,8 @@ if [[ "${FORCE:-0}" != 1 ]] && "$DOCKER" image inspect "$IMAGE" >/dev/null 2>&1;
 fi
 [[ -f "$CONTEXT/Dockerfile" ]] || { echo "make-base-cuda-local: $CONTEXT/Dockerfile is missing" >&2; exit 1; }
 
-# A BuildKit-capable client: buildx when the client has it, else a client that still builds with
-# DOCKER_BUILDKIT=1 (Debian 12's docker.io 20.10 is /usr/bin/docker; the 28.x client refuses without
-# buildx). Never export DOCKER_BUILDKIT globally: it breaks the 28.x client on PATH.
-if "$DOCKER" buildx version >/dev/null 2>&1; then
-  build=("$DOCKER" buildx build --load)
-elif [[ -x /usr/bin/docker ]]; then
-  build=(env DOCKER_BUILDKIT=1 /usr/bin/docker build)
-else
-  build=(env DOCKER_BUILDKIT=1 "$DOCKER" build)
-fi
+# shellcheck source=scripts/buildkit-client.sh
+. "$here/buildkit-client.sh"   # sets build=(...): a BuildKit-capable build command
 
 if ! "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
   echo "make-base-cuda-local: $BASE is missing; making it with scripts/make-base-local.sh"

@@ -107,14 +107,8 @@ else
   # `docker import --platform` is refused or ignored by engines without experimental features
   # (Debian 12's 20.10 records its own amd64), and BuildKit picks a FROM by the architecture
   # the config records. A BuildKit build FROM scratch records the one --platform names.
-  # The same BuildKit client choice as make-base-cuda-local.sh (the 28.x client needs buildx).
-  if "$DOCKER" buildx version >/dev/null 2>&1; then
-    build=("$DOCKER" buildx build --load)
-  elif [[ -x /usr/bin/docker ]]; then
-    build=(env DOCKER_BUILDKIT=1 /usr/bin/docker build)
-  else
-    build=(env DOCKER_BUILDKIT=1 "$DOCKER" build)
-  fi
+  # shellcheck source=scripts/buildkit-client.sh
+  . "$(dirname "${BASH_SOURCE[0]}")/buildkit-client.sh"   # sets build=(...)
   mkdir "$tmp/context"
   tar --numeric-owner -C "$tmp/rootfs" -cf "$tmp/context/rootfs.tar" .
   printf '%s\n' 'FROM scratch' 'ADD rootfs.tar /' \
