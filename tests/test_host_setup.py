@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -17,14 +19,23 @@ SCRIPT = REPO_ROOT / "scripts" / "host-setup.sh"
     os.geteuid() != 0 or shutil.which("su") is None, reason="needs root to become another user"
 )
 def test_a_user_who_cannot_install_is_told_the_one_command_to_run() -> None:
-    result = subprocess.run(
-        ["su", "nobody", "-s", "/bin/bash", "-c", f"DOCKER_HOST= {SCRIPT}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert f"run  sudo {SCRIPT}" in result.stderr
+    """Run from a copy in a folder everyone may enter: a checkout in `mktemp -d` (mode 0700, as
+    CI's clean clone may be) is closed to the other user, who would get bash's 126 instead."""
+    folder = Path(tempfile.mkdtemp(prefix="sm120-host-setup-"))
+    try:
+        folder.chmod(0o755)
+        script = folder / SCRIPT.name
+        shutil.copy2(SCRIPT, script)
+        result = subprocess.run(
+            ["su", "nobody", "-s", "/bin/bash", "-c", f"DOCKER_HOST= {script}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        shutil.rmtree(folder)
+    assert result.returncode == 2, result.stderr
+    assert f"run  sudo {script}" in result.stderr
     assert "Traceback" not in result.stderr
 
 
