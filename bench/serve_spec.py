@@ -14,7 +14,7 @@ import sys
 
 from builder.render.context import template_context
 from builder.spec.resolve import resolve
-from builder.verify.smoke import SMOKE_ENV
+from builder.verify.compiles import smoke_environment
 
 
 def main(name: str) -> int:
@@ -25,7 +25,7 @@ def main(name: str) -> int:
         "stack": stack.name,
         "argv": ctx.serve_argv,
         "env": env,
-        "smoke_env": SMOKE_ENV,
+        "smoke_env": smoke_environment(),
         "jit_modules": ctx.jit_modules,
         "jit_dir": ctx.jit_dir,
         "port": ctx.port,

@@ -34,6 +34,9 @@ class CompileKind(BaseModel):
     title: str
     fails_smoke: bool
     visible_with: dict[str, str] = Field(default_factory=dict)
+    #: Whether the smoke's own servers run with `visible_with` (False: its lines would flood
+    #: the log, e.g. a DSL that logs every call).
+    smoke_sets: bool = True
     notes: str = ""
     evidence: list[str] = Field(default_factory=list)
     patterns: list[_Pattern] = Field(min_length=1)
@@ -185,11 +188,14 @@ def find_compiles(text: str) -> CompileFindings:
     return CompileFindings(summarize(events), events)
 
 
-def visibility_env() -> dict[str, str]:
-    """What a server must run with for every kind's lines to appear (the smoke sets it)."""
+def smoke_environment() -> dict[str, str]:
+    """What the smoke's servers run with so that each kind's compiles print a line: every
+    kind's `visible_with`, except a kind whose lines would flood the log (`smoke_sets: false`;
+    a server started by hand may still set it)."""
     env: dict[str, str] = {}
     for entry in compile_kinds().values():
-        env.update(entry.visible_with)
+        if entry.smoke_sets:
+            env.update(entry.visible_with)
     return env
 
 
@@ -202,6 +208,6 @@ __all__ = [
     "compile_kinds",
     "find_compiles",
     "find_events",
+    "smoke_environment",
     "summarize",
-    "visibility_env",
 ]

@@ -25,7 +25,7 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -46,7 +46,8 @@ from builder.image.engine import (
     nvidia_runtimes,
 )
 from builder.spec.resolve import ResolvedStack
-from builder.verify.compiles import CompileFindings, compile_kinds, find_compiles
+from builder.verify.chat import Completion, stream_chat
+from builder.verify.compiles import CompileFindings, compile_kinds, find_compiles, smoke_environment
 from builder.verify.garbage import answer_matches, garbage_reasons
 from builder.verify.kernel_cache import KernelCacheWatch, summary_lines
 
@@ -63,14 +64,9 @@ CHECK_TTFT = "time to first token"
 CHECK_SINGLE = "single-stream tok/s floor"
 CHECK_BATCHED = "batched tok/s floor"
 
-#: FlashInfer prints its ninja build lines only when verbose; a line means a runtime compile.
-#: (knowledge/runtime_compiles.yaml: what each kind needs to show; CuTe-DSL's console log is
-#: left off here, it logs every call.)
-SMOKE_ENV = {"FLASHINFER_JIT_VERBOSE": "1", "FLASHINFER_JIT_DEBUG": "0"}
 #: Long enough for a decode rate that short factual answers cannot give; not judged for content.
 THROUGHPUT_PROMPT = "Write a short essay about the history of the printing press."
 THROUGHPUT_MAX_TOKENS = 128
-REQUEST_TIMEOUT_S = (10.0, 300.0)
 POLL_S = 1.0
 #: After a failed request, how long a container may still read "running" before it counts as
 #: alive: a killed server's requests fail at once, while the engine records its exit a moment
@@ -84,34 +80,6 @@ class Check:
     name: str
     passed: bool
     detail: str = ""
-
-
-@dataclass
-class Completion:
-    """One chat request: what came back and how fast."""
-
-    phase: str
-    prompt: str
-    text: str = ""
-    reasoning: str = ""
-    finish_reason: str | None = None
-    tokens: int = 0
-    #: "usage" when the server reported completion_tokens, else "deltas" (content chunks).
-    token_source: str = "deltas"
-    ttft_s: float | None = None
-    total_s: float = 0.0
-    streamed: bool = True
-    error: str | None = None
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        """Tokens/s after the first token; without streaming, over the whole request."""
-        if self.error or self.tokens == 0 or self.total_s <= 0:
-            return None
-        if self.streamed and self.ttft_s is not None and self.tokens > 1:
-            decode = self.total_s - self.ttft_s
-            return (self.tokens - 1) / decode if decode > 0 else None
-        return self.tokens / self.total_s
 
 
 @dataclass
@@ -274,7 +242,7 @@ def run_smoke_url(
 
     Its log is read from server_log when given (copied beside the report, then judged for
     runtime compiles); without one, compiles are not judged and the report says so. The
-    server must run with SMOKE_ENV for FlashInfer's compiles to print at all. model: the
+    server must run with `smoke_environment()` for FlashInfer's compiles to print at all. model: the
     name the server serves, where it is not the manifest's (served_model_name or model id).
     kernel_cache: the server's cache directory on this machine, listed before the first request
     and after the last (a kernel compiled while the server started before the smoke shows as
@@ -362,7 +330,7 @@ def _start(
         image=image_ref,
         name=name,
         labels={"sm120-stacks.smoke": stack.name},
-        environment=dict(SMOKE_ENV),
+        environment=smoke_environment(),
         ports=(PortBinding(serve.port, "127.0.0.1"),),
         shm_size=serve.shm_size,
         mounts=tuple(Mount(host, inside, read_only=True) for host, inside in mounts.items()),
@@ -537,25 +505,13 @@ class _Endpoint:
         _floor(report, CHECK_BATCHED, report.batched_tok_s, floors.batched_tok_s)
 
     def _chat(self, phase: str, prompt: str, max_tokens: int) -> Completion:
-        completion = Completion(phase=phase, prompt=prompt)
         url = self._url("/v1/chat/completions")
-        body = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        began = time.monotonic()
-        try:
-            if url is None:
-                raise ValueError("the serve port is not published")
-            with requests.post(url, json=body, stream=True, timeout=REQUEST_TIMEOUT_S) as response:
-                _read_response(response, completion, began)
-        except (requests.RequestException, ValueError) as exc:
-            completion.error = f"{exc.__class__.__name__}: {exc}"[:500]
-        completion.total_s = time.monotonic() - began
+        if url is None:
+            completion = Completion(
+                phase, prompt, error="ValueError: the serve port is not published"
+            )
+        else:
+            completion = stream_chat(url, self.model, prompt, max_tokens, phase=phase)
         self.report.completions.append(completion)
         if completion.error is None and self.report.mode is None:
             self.report.mode = "streaming" if completion.streamed else "non-streaming"
@@ -656,78 +612,6 @@ class _UrlServer(_Endpoint):
 
     def _url(self, path: str) -> str | None:
         return self.root + path
-
-
-# --- HTTP --------------------------------------------------------------------------------------
-
-
-def _read_response(response: requests.Response, completion: Completion, began: float) -> None:
-    """SSE when the server streams; a JSON body (non-streaming fallback) otherwise."""
-    if response.status_code != 200:
-        raise ValueError(f"HTTP {response.status_code}: {response.text[:300]}")
-    if "text/event-stream" not in response.headers.get("content-type", ""):
-        completion.streamed = False
-        _apply_json(completion, response.json())
-        return
-    deltas = 0
-    for event in sse_events(response):
-        deltas += _apply_chunk(completion, event, began)
-    if completion.token_source != "usage":
-        completion.tokens = deltas
-
-
-def sse_events(response: requests.Response) -> Iterator[dict[str, Any]]:
-    """The JSON events of an OpenAI-compatible stream (smoke and soak read it the same way);
-    an error event mid-stream ends it as a ValueError with the server's words."""
-    for raw in response.iter_lines(decode_unicode=False):
-        line = raw.decode("utf-8", errors="replace").strip()
-        if not line.startswith("data:"):
-            continue
-        payload = line[len("data:") :].strip()
-        if payload == "[DONE]":
-            return
-        event = json.loads(payload)
-        if isinstance(event, dict):
-            if "error" in event:
-                raise ValueError(f"server error in stream: {str(event['error'])[:300]}")
-            yield event
-
-
-def _apply_chunk(completion: Completion, event: dict[str, Any], began: float) -> int:
-    """Fold one chunk in; returns 1 when it carried generated text (a token, near enough)."""
-    _apply_usage(completion, event)
-    carried = 0
-    for choice in event.get("choices") or []:
-        delta = choice.get("delta") or {}
-        content = delta.get("content") or ""
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-        if content or reasoning:
-            carried = 1
-            if completion.ttft_s is None:
-                completion.ttft_s = time.monotonic() - began
-        completion.text += content
-        completion.reasoning += reasoning
-        completion.finish_reason = choice.get("finish_reason") or completion.finish_reason
-    return carried
-
-
-def _apply_json(completion: Completion, body: dict[str, Any]) -> None:
-    choice = (body.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    completion.text = message.get("content") or ""
-    completion.reasoning = message.get("reasoning_content") or ""
-    completion.finish_reason = choice.get("finish_reason")
-    _apply_usage(completion, body)
-    if completion.token_source != "usage":
-        completion.tokens = len(completion.text.split())
-        completion.token_source = "words"
-
-
-def _apply_usage(completion: Completion, body: dict[str, Any]) -> None:
-    usage = body.get("usage") or {}
-    if isinstance(usage.get("completion_tokens"), int):
-        completion.tokens = usage["completion_tokens"]
-        completion.token_source = "usage"
 
 
 # --- results -----------------------------------------------------------------------------------
@@ -893,7 +777,6 @@ __all__ = [
     "CHECK_UP",
     "AfterSmoke",
     "Check",
-    "Completion",
     "LiveServer",
     "SmokeReport",
     "format_table",

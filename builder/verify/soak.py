@@ -42,12 +42,12 @@ import requests
 from builder.files import write_atomic
 from builder.spec.resolve import ResolvedStack
 from builder.verify import plot
+from builder.verify.chat import stream_chat
 from builder.verify.smoke import (
     THROUGHPUT_MAX_TOKENS,
     THROUGHPUT_PROMPT,
     AfterSmoke,
     LiveServer,
-    sse_events,
 )
 
 CHECK_STALL = "soak: no stall"
@@ -238,29 +238,25 @@ class _Soak:
         request = _Request(prompt.kind, self.now())
         with self.lock:
             self.open.add(request)
-        body = {
-            "model": self.server.model,
-            "messages": [{"role": "user", "content": prompt.prompt}],
-            "temperature": 0,
-            "max_tokens": prompt.max_tokens,
-            "stream": True,
-        }
-        url = self.server.base_url + "/v1/chat/completions"
+
+        def on_text() -> bool:
+            if self.abort.is_set():
+                return False
+            self.token(request)
+            return True
+
         try:
-            with session.post(
-                url, json=body, stream=True, timeout=(CONNECT_TIMEOUT_S, self.read_timeout)
-            ) as response:
-                if response.status_code != 200:
-                    raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
-                if "text/event-stream" not in response.headers.get("content-type", ""):
-                    raise ValueError("the server did not stream (no text/event-stream answer)")
-                for event in sse_events(response):
-                    if self.abort.is_set():
-                        return
-                    if _carries_text(event):
-                        self.token(request)
-        except (requests.RequestException, ValueError) as exc:
-            request.error = f"{exc.__class__.__name__}: {exc}"[:300]
+            completion = stream_chat(
+                self.server.base_url + "/v1/chat/completions",
+                self.server.model,
+                prompt.prompt,
+                prompt.max_tokens,
+                session=session,
+                timeout=(CONNECT_TIMEOUT_S, self.read_timeout),
+                require_stream=True,
+                on_text=on_text,
+            )
+            request.error = None if completion.stopped else completion.error
         finally:
             self.finish(request)
 
@@ -668,14 +664,6 @@ def _ms(value: float | None) -> str:
 
 
 # --- HTTP --------------------------------------------------------------------------------------
-
-
-def _carries_text(event: dict[str, Any]) -> bool:
-    for choice in event.get("choices") or []:
-        delta = choice.get("delta") or {}
-        if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-            return True
-    return False
 
 
 __all__ = [

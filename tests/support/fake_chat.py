@@ -24,6 +24,14 @@ class Behaviour:
     fail_every: int | None = None
     #: Answer the vLLM stacks' smoke questions right (a word per chunk), for `smoke --url`.
     answers: bool = False
+    #: Answer one JSON body instead of a stream (a server without SSE).
+    json_only: bool = False
+    #: Send the words as reasoning deltas instead of content.
+    reasoning: bool = False
+    #: End the stream with a usage chunk of this many completion tokens.
+    usage_tokens: int | None = None
+    #: Send an error event after this many words.
+    error_after: int | None = None
 
 
 #: What a question containing the key is answered, as the vLLM stacks' smoke expects.
@@ -36,6 +44,9 @@ class _Server(ThreadingHTTPServer):
     requests = 0
     closing = False
     user_agents: list[str]
+    #: Every chat request's JSON body and headers, in arrival order.
+    bodies: list[dict[str, object]]
+    headers: list[dict[str, str]]
     lock: threading.Lock
 
     def handle_error(self, request: object, client_address: object) -> None:
@@ -60,9 +71,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.requests += 1
             number = self.server.requests
             self.server.user_agents.append(self.headers.get("user-agent", ""))
+            self.server.bodies.append(request)
+            self.server.headers.append({k.lower(): v for k, v in self.headers.items()})
         behaviour = self.server.behaviour
         if behaviour.fail_every and number % behaviour.fail_every == 0:
             self._answer(500, b'{"error": "injected"}', "application/json")
+            return
+        if behaviour.json_only:
+            message = {"role": "assistant", "content": "t0 t1 t2"}
+            body = {"choices": [{"message": message, "finish_reason": "stop"}]}
+            self._answer(200, json.dumps(body).encode(), "application/json")
             return
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
@@ -73,14 +91,21 @@ class _Handler(BaseHTTPRequestHandler):
         if behaviour.answers:
             answer = next((a for k, a in ANSWERS.items() if k in question), "A short essay.")
             words = [f"{word} " for word in answer.split()]
-        for word in words:
+        field = "reasoning_content" if behaviour.reasoning else "content"
+        for sent, word in enumerate(words):
             while stall_after is not None and self.server.requests > stall_after:
                 if self.server.closing:
                     return
                 time.sleep(0.05)
-            chunk = {"choices": [{"delta": {"content": word}, "finish_reason": None}]}
+            if behaviour.error_after is not None and sent == behaviour.error_after:
+                self._chunk(b'data: {"error": {"message": "injected mid-stream"}}\n\n')
+                break
+            chunk = {"choices": [{"delta": {field: word}, "finish_reason": None}]}
             self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
             time.sleep(behaviour.token_delay_s)
+        if behaviour.usage_tokens is not None:
+            usage = {"choices": [], "usage": {"completion_tokens": behaviour.usage_tokens}}
+            self._chunk(f"data: {json.dumps(usage)}\n\n".encode())
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
 
@@ -101,6 +126,8 @@ def fake_chat_server(behaviour: Behaviour) -> Iterator[_Server]:
     server = _Server(("127.0.0.1", 0), _Handler)
     server.behaviour = behaviour
     server.user_agents = []
+    server.bodies = []
+    server.headers = []
     server.lock = threading.Lock()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
