@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from builder.errors import StackError, ToolMissing
-from builder.hosts.hostcheck import Probe, check, gather
+from builder.hosts.hostcheck import check
 from builder.image.basepull import (
     BaseImageUnavailable,
     as_written,
@@ -29,6 +29,7 @@ from builder.image.engine import (
     Image,
     nvidia_runtimes,
 )
+from builder.image.hostprobe import Probe, gather
 from builder.image.names import content_tag
 from builder.image.progress import StepTracker
 from builder.image.registry import (

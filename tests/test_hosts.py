@@ -28,9 +28,10 @@ from builder.hosts.drift import (
     shm_bytes,
     state_drifts,
 )
-from builder.hosts.hostcheck import Gpu, HostFacts, Probe, check, gather, requirements_for
+from builder.hosts.hostcheck import check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
 from builder.image.docker_engine import run_kwargs
+from builder.image.hostprobe import Gpu, HostFacts, Probe, gather
 from builder.image.records import Record, save_record
 from builder.lock.lockfile import (
     LOCK_SCHEMA,

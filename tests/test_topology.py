@@ -24,7 +24,7 @@ from click.testing import Result
 from builder.cli import hosts as cli_hosts
 from builder.errors import StackError
 from builder.hosts import remote, topology
-from builder.hosts.hostcheck import Finding, Probe
+from builder.hosts.hostcheck import Finding
 from builder.hosts.pins import write_pin
 from builder.hosts.topology import (
     HostTopology,
@@ -44,6 +44,7 @@ from builder.hosts.topology import (
     read_topology,
     serve_of,
 )
+from builder.image.hostprobe import Probe
 from builder.spec.knowledge import KNOWLEDGE_DIR
 from builder.spec.yamlsafe import load_yaml
 from tests.test_hosts import _pin

@@ -30,8 +30,8 @@ from builder.hosts.fleet import (
     roll,
     smoke_gate,
 )
-from builder.hosts.hostcheck import gather
 from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
+from builder.image.hostprobe import gather
 from builder.spec.resolve import ResolvedStack
 
 EXIT_FAILED = 1

@@ -18,11 +18,12 @@ from builder.cli.fleet import all_pins, deploy_all, one_report, verify_all
 from builder.errors import StackError, ToolMissing
 from builder.hosts import remote, topology
 from builder.hosts.deploy import apply, write_files
-from builder.hosts.hostcheck import Finding, Probe, check, gather, requirements_for
+from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
 from builder.image.address import check_address
 from builder.image.docker_engine import connect_engine
 from builder.image.engine import Engine
+from builder.image.hostprobe import Probe, gather
 from builder.image.records import load_record
 from builder.image.registry import Registry
 from builder.lock.lockfile import UNPINNED, lock_path, make_lock, read_lock, write_lock

@@ -18,7 +18,6 @@ import jinja2
 from builder.errors import StackError, ToolMissing
 from builder.files import write_atomic
 from builder.hosts.drift import config_drifts, state_drifts
-from builder.hosts.hostcheck import RUNTIME_FIX
 from builder.hosts.pins import Pin, labels, port_parts
 from builder.image.engine import (
     ContainerSpec,
@@ -28,6 +27,7 @@ from builder.image.engine import (
     Mount,
     PortBinding,
 )
+from builder.image.hostprobe import RUNTIME_FIX
 from builder.render.context import TEMPLATES_DIR
 
 SERVICE = "llm"

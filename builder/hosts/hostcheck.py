@@ -1,55 +1,21 @@
 """Host prerequisites of a GPU serving host: engine, NVIDIA driver, GPUs, container runtime.
 
 Shared by `verify` (prerequisites are one kind of drift) and `doctor` (prerequisites alone, each
-failure with its fix). Probing runs commands, so it happens only when a command asks, never at
-import time; the probe functions take their runner as an argument so tests can fake a host.
+failure with its fix). The facts come from `image.hostprobe`, the one probe every GPU question
+goes through; this module only judges them against what a stack needs.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from builder.image.engine import Engine, EngineError, nvidia_runtimes
+from builder.image.hostprobe import RUNTIME_FIX, HostFacts
 from builder.spec.archflags import capabilities
 
-#: Runs argv, returns (exit status, stdout); raises OSError when the program is missing.
-Runner = Callable[[Sequence[str]], tuple[int, str]]
-CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
-RUNTIME_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit", "nvidia-ctk")
 DRIVER_FIX = "install the NVIDIA driver{need} (e.g. `apt-get install nvidia-driver`), then reboot"
-RUNTIME_FIX = (
-    "install the NVIDIA Container Toolkit (`apt-get install nvidia-container-toolkit`), then "
-    "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd"
-)
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    name: str
-    #: Compute capability as nvidia-smi prints it, e.g. "12.0".
-    capability: str
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    driver: str | None
-    gpus: tuple[Gpu, ...]
-    #: Why no driver/GPU could be read (None when nvidia-smi answered).
-    gpu_error: str | None
-    #: NVIDIA runtimes/hooks/CDI specs found (empty: containers cannot get GPUs).
-    runtime: tuple[str, ...]
-    #: Why the engine could not be asked (None when it answered).
-    engine_error: str | None
-    #: Why the engine did not say which runtimes it has (None when it answered or was not
-    #: reachable at all): with no other NVIDIA runtime found, the runtime is unknown, not absent.
-    runtime_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,39 +40,8 @@ class Finding:
     evidence: tuple[str, ...] = ()
 
 
-@dataclass
-class Probe:
-    """How facts are gathered; defaults run on this machine.
-
-    cmdline and sysfs are paths on the probed host, read through `run` (`cat`, `ls`), so an ssh
-    runner reads that host's; tests point them at files of their own.
-    """
-
-    run: Runner = field(default=lambda argv: _run(argv))
-    which: Callable[[str], str | None] = shutil.which
-    cdi_dirs: tuple[Path, ...] = CDI_DIRS
-    #: The kernel command line (iommu= options).
-    cmdline: Path = Path("/proc/cmdline")
-    #: Where sysfs is mounted (a PCI device's IOMMU group, the IOMMU units).
-    sysfs: Path = Path("/sys")
-
-
 def requirements_for(targets: Sequence[str], min_driver: str | None) -> Requirements:
     return Requirements(min_driver=min_driver, targets=capabilities(targets))
-
-
-def gather(
-    engine: Engine | None, engine_error: str | None, probe: Probe | None = None
-) -> HostFacts:
-    """Ask nvidia-smi, the engine and the file system what this host has."""
-    probe = probe or Probe()
-    driver, gpus, gpu_error = _nvidia_smi(probe)
-    runtime, runtime_error = _engine_runtimes(engine)
-    runtime += [f"hook {h}" for h in RUNTIME_HOOKS if probe.which(h)]
-    for folder in probe.cdi_dirs:
-        if folder.is_dir() and any("nvidia" in p.name for p in folder.iterdir()):
-            runtime.append(f"CDI specs in {folder}")
-    return HostFacts(driver, tuple(gpus), gpu_error, tuple(runtime), engine_error, runtime_error)
 
 
 def check(
@@ -204,41 +139,6 @@ def _gpus(facts: HostFacts, needs: Requirements | None, selected: Sequence[int] 
     return Finding("gpu", True, described)
 
 
-def _nvidia_smi(probe: Probe) -> tuple[str | None, list[Gpu], str | None]:
-    query = [
-        "nvidia-smi",
-        "--query-gpu=index,name,driver_version,compute_cap",
-        "--format=csv,noheader,nounits",
-    ]
-    if probe.which("nvidia-smi") is None:
-        return None, [], "nvidia-smi is not on PATH"
-    try:
-        status, out = probe.run(query)
-    except OSError as exc:
-        return None, [], f"nvidia-smi failed to start ({exc})"
-    if status != 0:
-        return None, [], f"nvidia-smi exited {status}: {' '.join(out.split())[:200]}"
-    gpus: list[Gpu] = []
-    driver: str | None = None
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4 or not parts[0].isdigit():
-            return None, [], f"unexpected nvidia-smi output: {line[:120]!r}"
-        driver = parts[2]
-        gpus.append(Gpu(int(parts[0]), parts[1], parts[3]))
-    return driver, gpus, None if gpus else "nvidia-smi lists no GPU"
-
-
-def _engine_runtimes(engine: Engine | None) -> tuple[list[str], str | None]:
-    """The engine's NVIDIA runtimes, or why it could not say (not the same as none)."""
-    if engine is None:
-        return [], None
-    try:
-        return [f"runtime {name}" for name in nvidia_runtimes(engine)], None
-    except EngineError as exc:
-        return [], exc.explanation
-
-
 def _at_least(version: str, minimum: str) -> bool:
     try:
         return Version(version) >= Version(minimum)
@@ -248,11 +148,3 @@ def _at_least(version: str, minimum: str) -> bool:
 
 def _join(facts: HostFacts) -> str:
     return ", ".join(facts.runtime)
-
-
-def _run(argv: Sequence[str]) -> tuple[int, str]:
-    try:
-        result = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return 124, f"{argv[0]} timed out"
-    return result.returncode, result.stdout + result.stderr

@@ -14,11 +14,11 @@ import subprocess
 from collections.abc import Sequence
 
 from builder.errors import StackError, ToolMissing
-from builder.hosts.hostcheck import Probe
 from builder.hosts.pins import Pin, port_parts
 from builder.image import address
 from builder.image.docker_engine import connect_engine
 from builder.image.engine import Engine
+from builder.image.hostprobe import Probe
 
 SSH_TIMEOUT_S = 30
 #: Addresses a published port may be bound to that are not reachable from another machine.

@@ -29,7 +29,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from builder.errors import StackError
-from builder.hosts.hostcheck import Finding, Probe
+from builder.hosts.hostcheck import Finding
+from builder.image.hostprobe import Probe
 from builder.spec.knowledge import locate, parse_document, read_knowledge
 from builder.spec.strict import Strict
 from builder.spec.yamlsafe import YamlDocument

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -36,6 +35,7 @@ import requests
 
 from builder.errors import ToolMissing
 from builder.files import write_atomic
+from builder.image import hostprobe
 from builder.image.engine import (
     Container,
     ContainerSpec,
@@ -43,8 +43,8 @@ from builder.image.engine import (
     EngineError,
     Mount,
     PortBinding,
-    nvidia_runtimes,
 )
+from builder.image.hostprobe import Probe
 from builder.spec.resolve import ResolvedStack
 from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import CompileFindings, compile_kinds, find_compiles, smoke_environment
@@ -134,41 +134,19 @@ class SmokeReport:
 # --- GPU gate ----------------------------------------------------------------------------------
 
 
-def gpu_missing_reason(engine: Engine) -> str | None:
-    """Why a GPU container cannot start here, or None when it can.
-
-    Two things must hold: the host has an NVIDIA device node (/dev/nvidia0: a GPU and its
-    driver; checked on this machine, so it assumes the engine is local, as DOCKER_HOST is not
-    consulted), and the engine can hand GPUs to containers: either an `nvidia` runtime is
-    registered (`nvidia-ctk runtime configure`, visible in `docker info` Runtimes), or the
-    NVIDIA Container Toolkit's hook is installed, which is what `--gpus` (a device request)
-    uses on Docker 19.03+ without a registered runtime. An engine that cannot say which runtimes
-    it has is reported as such, not as one without a GPU runtime.
-    """
-    if not Path("/dev/nvidia0").exists():
-        return "no NVIDIA GPU on this host (/dev/nvidia0 is missing)"
-    if shutil.which("nvidia-container-runtime-hook") is not None:
-        return None
-    try:
-        runtimes = nvidia_runtimes(engine)
-    except EngineError as exc:
-        return f"the Docker engine did not say which runtimes it has ({exc.explanation})"
-    if not runtimes:
-        return (
-            "the Docker engine cannot give containers a GPU (no nvidia runtime, no NVIDIA "
-            "Container Toolkit): install nvidia-container-toolkit, run "
-            "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd"
-        )
-    return None
+def gpu_missing_reason(engine: Engine, probe: Probe | None = None) -> str | None:
+    """Why a GPU container cannot start on the engine's host, or None when it can: the host
+    probe's answer (`image.hostprobe`), the same one `doctor` gives."""
+    return hostprobe.gpu_missing_reason(hostprobe.gather(engine, None, probe))
 
 
-def gpu_available(engine: Engine) -> bool:
-    return gpu_missing_reason(engine) is None
+def gpu_available(engine: Engine, probe: Probe | None = None) -> bool:
+    return gpu_missing_reason(engine, probe) is None
 
 
-def gpu_gate(engine: Engine, *, require_gpu: bool) -> str | None:
+def gpu_gate(engine: Engine, *, require_gpu: bool, probe: Probe | None = None) -> str | None:
     """A skip message when the GPU smoke cannot run here; with require_gpu, an error instead."""
-    reason = gpu_missing_reason(engine)
+    reason = gpu_missing_reason(engine, probe)
     if reason is not None and require_gpu:
         raise ToolMissing(f"the GPU smoke is required (--require-gpu) but {reason}")
     return None if reason is None else f"GPU smoke skipped: {reason}"

@@ -1,0 +1,142 @@
+"""What a host has for GPU containers, probed once, in one place: NVIDIA driver and GPUs
+(nvidia-smi), and how the engine can hand GPUs to a container (a registered nvidia runtime, the
+NVIDIA Container Toolkit's hook, CDI specs).
+
+Every command that asks "is there a GPU here?" (`doctor`, `verify`, `test --require-gpu`, the
+smoke, the fleet gate) asks this module, so no two of them can disagree (a CDI-only host once
+passed `doctor` and failed `test --require-gpu`). It is the only module that looks at devices;
+tests/test_layering.py holds it to that. Probing runs commands, so it happens only when a
+command asks, never at import time; the runner is an argument so that tests fake a host, and
+an ssh runner probes a remote one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from builder.image.engine import Engine, EngineError, nvidia_runtimes
+
+#: Runs argv, returns (exit status, stdout); raises OSError when the program is missing.
+Runner = Callable[[Sequence[str]], tuple[int, str]]
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+RUNTIME_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit", "nvidia-ctk")
+RUNTIME_FIX = (
+    "install the NVIDIA Container Toolkit (`apt-get install nvidia-container-toolkit`), then "
+    "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd"
+)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    #: Compute capability as nvidia-smi prints it, e.g. "12.0".
+    capability: str
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    driver: str | None
+    gpus: tuple[Gpu, ...]
+    #: Why no driver/GPU could be read (None when nvidia-smi answered).
+    gpu_error: str | None
+    #: NVIDIA runtimes/hooks/CDI specs found (empty: containers cannot get GPUs).
+    runtime: tuple[str, ...]
+    #: Why the engine could not be asked (None when it answered).
+    engine_error: str | None
+    #: Why the engine did not say which runtimes it has (None when it answered or was not
+    #: reachable at all): with no other NVIDIA runtime found, the runtime is unknown, not absent.
+    runtime_error: str | None = None
+
+
+@dataclass
+class Probe:
+    """How facts are gathered; defaults run on this machine.
+
+    cmdline and sysfs are paths on the probed host, read through `run` (`cat`, `ls`), so an ssh
+    runner reads that host's; tests point them at files of their own.
+    """
+
+    run: Runner = field(default=lambda argv: _run(argv))
+    which: Callable[[str], str | None] = shutil.which
+    cdi_dirs: tuple[Path, ...] = CDI_DIRS
+    #: The kernel command line (iommu= options).
+    cmdline: Path = Path("/proc/cmdline")
+    #: Where sysfs is mounted (a PCI device's IOMMU group, the IOMMU units).
+    sysfs: Path = Path("/sys")
+
+
+def gather(
+    engine: Engine | None, engine_error: str | None, probe: Probe | None = None
+) -> HostFacts:
+    """Ask nvidia-smi, the engine and the file system what this host has."""
+    probe = probe or Probe()
+    driver, gpus, gpu_error = _nvidia_smi(probe)
+    runtime, runtime_error = _engine_runtimes(engine)
+    runtime += [f"hook {h}" for h in RUNTIME_HOOKS if probe.which(h)]
+    for folder in probe.cdi_dirs:
+        if folder.is_dir() and any("nvidia" in p.name for p in folder.iterdir()):
+            runtime.append(f"CDI specs in {folder}")
+    return HostFacts(driver, tuple(gpus), gpu_error, tuple(runtime), engine_error, runtime_error)
+
+
+def gpu_missing_reason(facts: HostFacts) -> str | None:
+    """Why a GPU container cannot start on this host, or None when it can: the one answer
+    the smoke's gate and doctor's findings both give."""
+    if not facts.gpus:
+        return f"no NVIDIA GPU on this host ({facts.gpu_error or 'nvidia-smi lists no GPU'})"
+    if facts.runtime:
+        return None
+    if facts.runtime_error is not None:
+        return f"the Docker engine did not say which runtimes it has ({facts.runtime_error})"
+    return (
+        "the Docker engine cannot give containers a GPU (no nvidia runtime, no NVIDIA "
+        f"Container Toolkit hook, no CDI spec): {RUNTIME_FIX}"
+    )
+
+
+def _nvidia_smi(probe: Probe) -> tuple[str | None, list[Gpu], str | None]:
+    query = [
+        "nvidia-smi",
+        "--query-gpu=index,name,driver_version,compute_cap",
+        "--format=csv,noheader,nounits",
+    ]
+    if probe.which("nvidia-smi") is None:
+        return None, [], "nvidia-smi is not on PATH"
+    try:
+        status, out = probe.run(query)
+    except OSError as exc:
+        return None, [], f"nvidia-smi failed to start ({exc})"
+    if status != 0:
+        return None, [], f"nvidia-smi exited {status}: {' '.join(out.split())[:200]}"
+    gpus: list[Gpu] = []
+    driver: str | None = None
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or not parts[0].isdigit():
+            return None, [], f"unexpected nvidia-smi output: {line[:120]!r}"
+        driver = parts[2]
+        gpus.append(Gpu(int(parts[0]), parts[1], parts[3]))
+    return driver, gpus, None if gpus else "nvidia-smi lists no GPU"
+
+
+def _engine_runtimes(engine: Engine | None) -> tuple[list[str], str | None]:
+    """The engine's NVIDIA runtimes, or why it could not say (not the same as none)."""
+    if engine is None:
+        return [], None
+    try:
+        return [f"runtime {name}" for name in nvidia_runtimes(engine)], None
+    except EngineError as exc:
+        return [], exc.explanation
+
+
+def _run(argv: Sequence[str]) -> tuple[int, str]:
+    try:
+        result = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return 124, f"{argv[0]} timed out"
+    return result.returncode, result.stdout + result.stderr

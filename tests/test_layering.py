@@ -1,0 +1,38 @@
+"""Boundaries the import contract (.importlinter) cannot state: which module may look at the
+host's devices, and which may talk to Docker through its SDK."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from builder import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "builder"
+#: Device nodes, CDI spec folders and the toolkit's hooks: the GPU probe's business alone.
+DEVICE_LOOKUP = re.compile(r"/dev/nvidia|/etc/cdi|/var/run/cdi|nvidia-container-runtime-hook")
+#: The PCIe topology probe (`doctor`'s tensor-parallel checks) runs nvidia-smi topo itself.
+PROBES = {"image/hostprobe.py", "hosts/topology.py"}
+DOCKER_IMPORT = re.compile(r"^\s*(import docker\b|from docker\b)", re.M)
+
+
+def _sources() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE)): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_only_the_probe_looks_at_devices() -> None:
+    lookers = {name for name, text in _sources().items() if DEVICE_LOOKUP.search(text)}
+    assert lookers <= PROBES, lookers - PROBES
+    assert "image/hostprobe.py" in lookers
+    smi = {name for name, text in _sources().items() if re.search(r"""["']nvidia-smi["']""", text)}
+    assert smi <= PROBES, smi - PROBES
+
+
+def test_only_the_engine_adapter_imports_docker() -> None:
+    importers = {name for name, text in _sources().items() if DOCKER_IMPORT.search(text)}
+    assert importers == {"image/docker_engine.py"}
+
+
+def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
+    assert DEVICE_LOOKUP.search('Path("/dev/nvidia0").exists()')
+    assert DOCKER_IMPORT.search("def f():\n    import docker\n")
