@@ -1,7 +1,9 @@
 """User-facing errors: every bad input ends as one of these, printed without a traceback.
 
 An error names where the problem is (file, key path, line) and what to do about it, because the
-person reading it is editing a manifest, not debugging this tool.
+person reading it is editing a manifest, not debugging this tool. The engine's errors live here
+too, below every step, so any step catches them by type (`lock` asks the engine for base
+digests, though the engine adapter is a later step).
 """
 
 from __future__ import annotations
@@ -44,6 +46,39 @@ class OperationFailed(Exception):
 
 class ToolMissing(StackError):
     """Something the machine lacks (engine, registry, GPU); the hint says how to get it."""
+
+
+class EngineError(Exception):
+    """The engine refused or failed an operation.
+
+    `explanation` is the daemon's message alone (a registry failure it relays, a refused
+    container), without the HTTP wrapping of its API, so it can be shown and classified.
+    """
+
+    def __init__(
+        self, explanation: str, *, status_code: int | None = None, retried: bool = False
+    ) -> None:
+        super().__init__(explanation)
+        self.explanation = explanation
+        #: The engine API's HTTP status (500 also when the daemon relays a registry's failure);
+        #: named as the SDK names it, so code reading either kind of error reads the same.
+        self.status_code = status_code
+        #: The engine had already retried before it gave up (dockerd retries a layer upload 5
+        #: times over about 50 s): asking it again only repeats that.
+        self.retried = retried
+
+
+class EngineNotFound(EngineError):
+    """What was asked for (image, container, a registry's manifest) does not exist."""
+
+
+class EngineUnreachable(EngineError):
+    """The engine's own API could not be reached (socket gone, connection dropped)."""
+
+
+class RegistryUnreachable(EngineError):
+    """The engine answered, but the registry it was asked to talk to could not be reached at
+    all (DNS, refused connection, timeout): not a refusal, and not "no such image"."""
 
 
 def _display_path(path: Path) -> str:

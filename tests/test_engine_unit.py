@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from builder.errors import StackError, ToolMissing
+from builder.errors import EngineError, EngineNotFound, EngineUnreachable, StackError, ToolMissing
 from builder.hosts.hostcheck import check
 from builder.image.basepull import (
     BaseImageUnavailable,
@@ -21,14 +21,7 @@ from builder.image.basepull import (
 from builder.image.build import BuildFailed, _run_build
 from builder.image.buildclient import BuildClient, detect_build_client
 from builder.image.docker_engine import DockerEngine, parse_progress_stream
-from builder.image.engine import (
-    ContainerSpec,
-    EngineError,
-    EngineNotFound,
-    EngineUnreachable,
-    Image,
-    nvidia_runtimes,
-)
+from builder.image.engine import ContainerSpec, Image, nvidia_runtimes
 from builder.image.hostprobe import Probe, gather
 from builder.image.names import content_tag
 from builder.image.progress import StepTracker

@@ -19,10 +19,9 @@ import pytest
 from click.testing import Result
 
 from builder import REPO_ROOT
-from builder.errors import OperationFailed, StackError, ToolMissing
+from builder.errors import EngineError, OperationFailed, StackError, ToolMissing
 from builder.image.build import stack_dir_lock
 from builder.image.docker_engine import parse_progress_stream
-from builder.image.engine import EngineError
 from builder.image.records import Record, save_record
 from builder.image.registry import Registry, push
 from builder.render.context import render

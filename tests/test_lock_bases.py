@@ -65,10 +65,26 @@ class _Engine:
 
 
 def _error(status: int, explanation: str) -> Exception:
-    from builder.image.engine import EngineError, EngineNotFound
+    """The error the docker adapter raises for dockerd's answer: classified by type once."""
+    from builder.errors import EngineError, EngineNotFound
+    from builder.image.engine import registry_failure
 
     kind = EngineNotFound if status == 404 else EngineError
-    return kind(explanation, status_code=status)
+    return registry_failure(kind(explanation, status_code=status))
+
+
+def test_the_adapter_classifies_by_type() -> None:
+    from builder.errors import EngineNotFound, RegistryUnreachable
+
+    assert all(isinstance(_error(500, e), RegistryUnreachable) for e in UNREACHABLE)
+    assert isinstance(_error(500, "manifest unknown: manifest unknown"), EngineNotFound)
+    assert not isinstance(_error(401, "dial tcp: unauthorized"), RegistryUnreachable)
+
+
+def test_a_programming_error_is_not_read_as_a_registry_refusal() -> None:
+    """It used to be caught by `except Exception` and printed as "the registry refused"."""
+    with pytest.raises(AttributeError):
+        resolve_base(IMAGE, None, _Engine(AttributeError("'NoneType' has no attribute 'x'")))
 
 
 def test_a_found_digest_is_locked() -> None:

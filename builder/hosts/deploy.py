@@ -15,18 +15,11 @@ from typing import Any, Literal
 
 import jinja2
 
-from builder.errors import StackError, ToolMissing
+from builder.errors import EngineError, StackError, ToolMissing
 from builder.files import write_atomic
 from builder.hosts.drift import config_drifts, state_drifts
 from builder.hosts.pins import Pin, labels, port_parts
-from builder.image.engine import (
-    ContainerSpec,
-    Engine,
-    EngineError,
-    HealthCheck,
-    Mount,
-    PortBinding,
-)
+from builder.image.engine import ContainerSpec, Engine, HealthCheck, Mount, PortBinding
 from builder.image.hostprobe import RUNTIME_FIX
 from builder.render.context import TEMPLATES_DIR
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import requests
 
-from builder.errors import OperationFailed, StackError, ToolMissing
+from builder.errors import EngineError, OperationFailed, StackError, ToolMissing
 from builder.hosts.deploy import apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
-from builder.image.engine import Container, Engine, EngineError
+from builder.image.engine import Container, Engine
 from builder.spec.resolve import ResolvedStack
 from builder.verify.smoke import Check, run_smoke_url
 

@@ -13,18 +13,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from builder.errors import ToolMissing
+from builder.errors import EngineError, EngineNotFound, EngineUnreachable, ToolMissing
 from builder.image.address import ENV as ADDRESS_ENV
 from builder.image.address import is_ssh
 from builder.image.engine import (
     INSTALL_HINT,
     Container,
     ContainerSpec,
-    EngineError,
-    EngineNotFound,
-    EngineUnreachable,
     Image,
     PortBinding,
+    registry_failure,
 )
 from builder.image.engine_socket import SocketApi
 
@@ -249,8 +247,11 @@ class DockerEngine:
             parse_progress_stream(self.sdk.api.pull(repository, tag=tag, stream=True, decode=True))
 
     def registry_digest(self, ref: str) -> str:
-        with _engine_errors():
-            answer = self.sdk.api.inspect_distribution(ref)
+        try:
+            with _engine_errors():
+                answer = self.sdk.api.inspect_distribution(ref)
+        except EngineError as exc:
+            raise registry_failure(exc) from exc
         return str(answer["Descriptor"]["digest"])
 
     def run(self, spec: ContainerSpec) -> Container:

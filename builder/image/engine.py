@@ -13,38 +13,43 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from builder.errors import EngineError, EngineNotFound, EngineUnreachable, RegistryUnreachable
+
 INSTALL_HINT = (
     "install a Docker engine with BuildKit: on Debian `apt-get install docker.io` (12) or "
     "`apt-get install docker.io docker-buildx` (13+), then start dockerd"
 )
 
 
-class EngineError(Exception):
-    """The engine refused or failed an operation.
-
-    `explanation` is the daemon's message alone (a registry failure it relays, a refused
-    container), without the HTTP wrapping of its API, so it can be shown and classified.
-    """
-
-    def __init__(
-        self, explanation: str, *, status_code: int | None = None, retried: bool = False
-    ) -> None:
-        super().__init__(explanation)
-        self.explanation = explanation
-        #: The engine API's HTTP status (500 also when the daemon relays a registry's failure);
-        #: named as the SDK names it, so code reading either kind of error reads the same.
-        self.status_code = status_code
-        #: The engine had already retried before it gave up (dockerd retries a layer upload 5
-        #: times over about 50 s): asking it again only repeats that.
-        self.retried = retried
+#: How dockerd words a registry it could not reach at all (Go's network and TLS errors, which it
+#: relays inside a 500). Only these are RegistryUnreachable; a refusal (authentication, a
+#: registry speaking HTTP) stays an EngineError, an unknown image or tag is EngineNotFound.
+UNREACHABLE = (
+    "dial tcp",
+    "no such host",
+    "connection refused",
+    "i/o timeout",
+    "tls handshake timeout",
+    "network is unreachable",
+    "no route to host",
+    "connection reset by peer",
+    "client.timeout exceeded",
+)
 
 
-class EngineNotFound(EngineError):
-    """What was asked for (image, container, a registry's manifest) does not exist."""
-
-
-class EngineUnreachable(EngineError):
-    """The engine's own API could not be reached (socket gone, connection dropped)."""
+def registry_failure(error: EngineError) -> EngineError:
+    """What a failed registry operation relayed by the engine really was, by type: the
+    adapter's words classified once, so callers catch types instead of matching text."""
+    if isinstance(error, EngineNotFound | EngineUnreachable):
+        return error
+    reason = " ".join(error.explanation.split()).lower()
+    status = error.status_code
+    client_error = isinstance(status, int) and 400 <= status < 500
+    if not client_error and any(words in reason for words in UNREACHABLE):
+        return RegistryUnreachable(error.explanation, status_code=status, retried=error.retried)
+    if "manifest unknown" in reason or "not found" in reason:
+        return EngineNotFound(error.explanation, status_code=status, retried=error.retried)
+    return error
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.image.engine import Engine, EngineError, nvidia_runtimes
+from builder.errors import EngineError
+from builder.image.engine import Engine, nvidia_runtimes
 
 #: Runs argv, returns (exit status, stdout); raises OSError when the program is missing.
 Runner = Callable[[Sequence[str]], tuple[int, str]]

@@ -17,8 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from builder.errors import OperationFailed, StackError, ToolMissing
-from builder.image.engine import Engine, EngineError, EngineNotFound, EngineUnreachable, Image
+from builder.errors import (
+    EngineError,
+    EngineNotFound,
+    EngineUnreachable,
+    OperationFailed,
+    StackError,
+    ToolMissing,
+)
+from builder.image.engine import Engine, Image
 from builder.image.names import REPOSITORY, content_tag
 from builder.spec import imageref
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from builder import REPO_ROOT
+from builder.errors import EngineError
 from builder.files import write_atomic
-from builder.image.engine import EngineError
 from builder.image.engine_socket import SocketApi
 
 #: Folders of the repository whose files can change a content hash.

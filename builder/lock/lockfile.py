@@ -22,7 +22,14 @@ from typing import Annotated, Any, Literal, Protocol
 import yaml
 from pydantic import Field, StringConstraints
 
-from builder.errors import StackError, ToolMissing
+from builder.errors import (
+    EngineError,
+    EngineNotFound,
+    EngineUnreachable,
+    RegistryUnreachable,
+    StackError,
+    ToolMissing,
+)
 from builder.files import write_atomic
 from builder.spec.knowledge import parse_document
 from builder.spec.manifest import Digest, ImageRef, PackageName, Url
@@ -44,20 +51,6 @@ Hash = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 Version = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.+!_-]+$")]
 
 
-#: How dockerd words a registry it could not reach at all (Go's network and TLS errors, which it
-#: relays). Only these leave a base unpinned; a refusal (authentication, an unknown image or tag,
-#: a registry speaking HTTP) is an error.
-UNREACHABLE = (
-    "dial tcp",
-    "no such host",
-    "connection refused",
-    "i/o timeout",
-    "tls handshake timeout",
-    "network is unreachable",
-    "no route to host",
-    "connection reset by peer",
-    "client.timeout exceeded",
-)
 #: The note of a base the registry could not be asked about: recorded in the lock.
 UNPINNED = "NOT PINNED: "
 
@@ -370,23 +363,28 @@ def resolve_base(image: str, digest: str | None, engine: RegistryDigests | None)
         return LockedBase(image=image, note=UNPINNED + "no Docker engine to ask a registry")
     try:
         found = engine.registry_digest(image)
-    except Exception as exc:  # the engine's EngineError (builder.image, a later step)
-        reason = " ".join(str(getattr(exc, "explanation", None) or exc).split())[:300]
-        status = getattr(exc, "status_code", None)
-        client_error = isinstance(status, int) and 400 <= status < 500
-        if not client_error and any(words in reason.lower() for words in UNREACHABLE):
-            return LockedBase(image=image, note=f"{UNPINNED}registry not reachable ({reason})")
-        if status == 404 or "manifest unknown" in reason or "not found" in reason.lower():
-            raise StackError(
-                f"base image {image}: the registry has no such image or tag ({reason})",
-                hint="check the image name and tag in the manifest's bases; no lock was written",
-            ) from None
+    except RegistryUnreachable as exc:
+        reason = _reason(exc)
+        return LockedBase(image=image, note=f"{UNPINNED}registry not reachable ({reason})")
+    except EngineUnreachable as exc:
+        return LockedBase(image=image, note=f"{UNPINNED}engine not reachable ({_reason(exc)})")
+    except EngineNotFound as exc:
+        raise StackError(
+            f"base image {image}: the registry has no such image or tag ({_reason(exc)})",
+            hint="check the image name and tag in the manifest's bases; no lock was written",
+        ) from None
+    except EngineError as exc:
+        reason = _reason(exc)
         raise StackError(
             f"base image {image}: the registry refused to give its digest ({reason})",
             hint="log in to that registry (`docker login HOST`) or check the image name; "
             "no lock was written",
         ) from None
     return LockedBase(image=image, digest=found, note="digest resolved from the registry")
+
+
+def _reason(exc: EngineError) -> str:
+    return " ".join(exc.explanation.split())[:300]
 
 
 def find_uv() -> Path:

@@ -31,7 +31,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, Field
 
-from builder.image.engine import Container, ContainerSpec, Engine, EngineError
+from builder.errors import EngineError
+from builder.image.engine import Container, ContainerSpec, Engine
 from builder.render.context import VENV
 from builder.spec.jitmodules import Specifier
 from builder.spec.knowledge import parse_document, read_knowledge

@@ -33,17 +33,10 @@ from typing import Any
 
 import requests
 
-from builder.errors import ToolMissing
+from builder.errors import EngineError, ToolMissing
 from builder.files import write_atomic
 from builder.image import hostprobe
-from builder.image.engine import (
-    Container,
-    ContainerSpec,
-    Engine,
-    EngineError,
-    Mount,
-    PortBinding,
-)
+from builder.image.engine import Container, ContainerSpec, Engine, Mount, PortBinding
 from builder.image.hostprobe import Probe
 from builder.spec.resolve import ResolvedStack
 from builder.verify.chat import Completion, stream_chat
