@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
+from packaging.specifiers import SpecifierSet
 
 from builder import REPO_ROOT
 from builder.lock.lockfile import lock_path, read_lock
@@ -319,3 +320,17 @@ def test_fixed_arch_gaps_name_the_module_and_the_gpu(stacks_dir: Path) -> None:
     # The 0.22 stacks' quantizer follows the arch list (fp4_quantization_120f): no gap.
     (stacks_dir / "variant.yaml").write_text("extends: vllm-0.22-b12x\ngpus: [sm120, sm121]\n")
     assert resolve("variant", stacks_dir).fixed_arch_gaps() == []
+
+
+def test_a_remedy_pins_what_clears_its_rule() -> None:
+    """cuda-python-12.6-overwrites-cuda-bindings: the lock's 12.6.2.post1 fires; the remedy's
+    newest release >=12.8 (13.4.4, what the 0.33 stacks pin by hand) does not."""
+    rule = next(r for r in load_rules() if r.id == "cuda-python-12.6-overwrites-cuda-bindings")
+    assert rule.remedy is not None and rule.remedy.pin == "cuda-python"
+    locked = {"pins.cuda-python": "12.6.2.post1", "pins.cuda-bindings": "13.5.0"}
+    assert [v.rule.id for v in evaluate(locked, (rule,))] == [rule.id]
+    for version in ("12.8.0", "13.4.4"):
+        assert version in SpecifierSet(rule.remedy.newest)
+        assert evaluate({**locked, "pins.cuda-python": version}, (rule,)) == []
+    pinned = resolve("vllm-0.33-marlin", STACKS).manifest.python.packages["cuda-python"]
+    assert pinned.version in SpecifierSet(rule.remedy.newest)

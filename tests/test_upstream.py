@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 from click.testing import Result
 from packaging.version import Version
 
+from builder.errors import StackError
 from builder.lock.lockfile import (
     Lock,
     LockedBase,
@@ -26,7 +28,9 @@ from builder.lock.lockfile import (
     lock_path,
     write_lock,
 )
-from builder.spec.resolve import resolve
+from builder.spec import knowledge, rules
+from builder.spec.resolve import ResolvedStack, resolve
+from builder.spec.yamlsafe import load_yaml
 from builder.upstream.index import IndexClient
 from builder.upstream.releases import classify, newer
 from tests.support.index_server import FIXTURES, Served, index_server, wheel_bytes
@@ -378,17 +382,221 @@ def test_propose_refuses_an_existing_name(offline: Path, run_cli: Callable[..., 
     assert result.exit_code == 2 and "already exists" in result.output
 
 
+# --- propose: a rule's remedy -------------------------------------------------------------------
+
+RULE = "cuda-python-12.6-overwrites-cuda-bindings"
+
+
+@pytest.fixture
+def uv_as_recorded(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, str]]:
+    """make_lock as uv resolved vLLM 0.33 here (stacks/vllm-0.33-marlin.lock, versions_from
+    .differs): without a cuda-python pin it picks 12.6.2.post1 beside cuda-bindings 13.5.0 (the
+    bare cuda-python>=12.0 of flashinfer-python 0.7.2.post1); with cuda-python 13.4.4 pinned,
+    cuda-bindings 13.4.4 (its ~=13.4.4). The fixture index has no wheels for uv to resolve the
+    whole set from; everything else about propose (index pages, metadata, rules) is real.
+    Returns the versions of each lock made."""
+    made: list[dict[str, str]] = []
+
+    def make_lock(stack: ResolvedStack, engine: object, prefer: object = None) -> Lock:
+        versions = {n: p.version for n, p in stack.manifest.python.packages.items()}
+        pinned = versions.get("cuda-python")
+        if pinned is None:
+            versions.update({"cuda-python": "12.6.2.post1", "cuda-bindings": "13.5.0"})
+        else:
+            versions["cuda-bindings"] = pinned
+        made.append(versions)
+        return _lock_of(stack, versions)
+
+    monkeypatch.setattr("builder.upstream.propose.make_lock", make_lock)
+    return made
+
+
+def test_propose_applies_a_rule_s_remedy_says_so_and_the_stack_checks_clean(
+    offline: Path, run_cli: Callable[..., Result], uv_as_recorded: list[dict[str, str]]
+) -> None:
+    """The weekly loop's move: vLLM 0.22 -> 0.33. The first lock holds cuda-python
+    12.6.2.post1 and the rule fires; its remedy pins the newest cuda-python >=12.8 on the
+    stack's index (13.4.4 on the recorded page: 13.5 does not exist), the lock again is clean."""
+    args = ("propose", "try", "--from", "offline", "--set", "vllm=0.33.0")
+    result = run_cli(*args, "--json", stacks_dir=offline)
+    assert result.exit_code == 0, result.output
+    proposal = json.loads(result.output)
+    assert [v.get("cuda-python") for v in uv_as_recorded] == ["12.6.2.post1", "13.4.4"]
+    assert proposal["remedies_applied"] == [
+        {
+            "rule": RULE,
+            "package": "cuda-python",
+            "version": "13.4.4",
+            "newest": ">=12.8",
+            "why": next(r.remedy.why for r in rules.load_rules() if r.id == RULE and r.remedy),
+        }
+    ]
+    moves = {m["package"]: m for m in proposal["moves"]}
+    assert (moves["cuda-python"]["old"], moves["cuda-python"]["new"]) == (None, "13.4.4")
+    assert moves["cuda-python"]["why"] == f"remedy of rule {RULE}: the newest cuda-python >=12.8"
+    assert moves["vllm"]["new"] == "0.33.0" and moves["torch"]["new"] == "2.14.0"
+    assert any(RULE in w and "cuda-python 13.4.4" in w for w in proposal["warnings"])
+    assert RULE not in proposal["rules_apply"]
+    assert proposal["written"] == [str(offline / "try.yaml"), str(offline / "try.lock")]
+    # the pin is in the manifest (a full copy: flashinfer-cubin is dropped), its header says why
+    text = (offline / "try.yaml").read_text()
+    assert f"#   cuda-python: (new) -> 13.4.4  (remedy of rule {RULE}:" in text
+    assert resolve("try", offline).manifest.python.packages["cuda-python"].version == "13.4.4"
+    check = run_cli("check", "try", stacks_dir=offline)
+    assert check.exit_code == 0, check.output
+    assert not list(offline.parent.glob(".propose-*"))
+
+
+def test_the_remedy_shows_in_the_proposal_table(
+    offline: Path, run_cli: Callable[..., Result], uv_as_recorded: list[dict[str, str]]
+) -> None:
+    result = run_cli(
+        "propose", "try", "--from", "offline", "--set", "vllm=0.33.0", stacks_dir=offline
+    )
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert f"rule {RULE} fired on the proposal; its remedy pins cuda-python 13.4.4" in flat
+    assert "remedy of rule" in flat
+
+
+def test_without_a_remedy_the_rule_refuses_the_proposal(
+    offline: Path,
+    run_cli: Callable[..., Result],
+    uv_as_recorded: list[dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What propose did before rules carried remedies: the lock fires the rule, nothing is
+    written."""
+    bare = tuple(r.model_copy(update={"remedy": None}) for r in rules.load_rules())
+    monkeypatch.setattr(rules, "load_rules", lambda: bare)
+    result = run_cli(
+        "propose", "try", "--from", "offline", "--set", "vllm=0.33.0", stacks_dir=offline
+    )
+    assert result.exit_code == 2
+    assert RULE in result.output and "nothing was written" in result.output
+    assert not (offline / "try.yaml").exists() and not (offline / "try.lock").exists()
+
+
+@pytest.mark.parametrize(
+    ("newest", "expected"),
+    [
+        ("<12.8", f"rule {RULE} still fires after its remedy (cuda-python 12.6.2.post1)"),
+        (">=99", f"rule {RULE} fires, and its remedy finds no release of cuda-python >=99"),
+    ],
+)
+def test_a_remedy_that_does_not_clear_its_rule_writes_nothing(
+    offline: Path,
+    run_cli: Callable[..., Result],
+    uv_as_recorded: list[dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    newest: str,
+    expected: str,
+) -> None:
+    def edited(rule: rules.Rule) -> rules.Rule:
+        if rule.remedy is None:
+            return rule
+        remedy = rule.remedy.model_copy(update={"newest": newest})
+        return rule.model_copy(update={"remedy": remedy})
+
+    changed = tuple(edited(r) for r in rules.load_rules())
+    monkeypatch.setattr(rules, "load_rules", lambda: changed)
+    result = run_cli(
+        "propose", "try", "--from", "offline", "--set", "vllm=0.33.0", stacks_dir=offline
+    )
+    assert result.exit_code == 2
+    assert expected in " ".join(result.output.split()) and "nothing was written" in result.output
+    assert not (offline / "try.yaml").exists() and not (offline / "try.lock").exists()
+
+
+def test_an_explicit_set_is_not_overruled_by_a_remedy(
+    offline: Path, run_cli: Callable[..., Result], uv_as_recorded: list[dict[str, str]]
+) -> None:
+    result = run_cli(
+        "propose",
+        "try",
+        "--from",
+        "offline",
+        "--set",
+        "vllm=0.33.0",
+        "--set",
+        "cuda-python=12.6.2.post1",
+        stacks_dir=offline,
+    )
+    assert result.exit_code == 2
+    flat = " ".join(result.output.split())
+    assert f"rule {RULE} fires, and its remedy would pin cuda-python" in flat
+    assert "--set (a new pin) cuda-python 12.6.2.post1 overrules" in flat
+    assert not (offline / "try.yaml").exists()
+
+
+REMEDY_LINE = '      newest: ">=12.8"\n'
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "message"),
+    [
+        ((REMEDY_LINE, '      newest: "12.8"\n'), "newest", "is not a version specifier"),
+        ((REMEDY_LINE, '      newest: ""\n'), "newest", "an empty specifier allows every"),
+        (("      pin: cuda-python\n", "      pin: cuda python\n"), "pin", "is not a package name"),
+        (("      pin: cuda-python\n", "      pin: numpy\n"), "pin", "which no condition"),
+        ((REMEDY_LINE, REMEDY_LINE + "      constraint: x\n"), "constraint", "unknown key"),
+        ((REMEDY_LINE, ""), "newest", "Field required"),
+    ],
+)
+def test_bad_remedy_data_is_a_load_error_naming_file_key_and_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    run_cli: Callable[..., Result],
+    edit: tuple[str, str],
+    key: str,
+    message: str,
+) -> None:
+    folder = tmp_path / "knowledge"
+    shutil.copytree(knowledge.KNOWLEDGE_DIR, folder)
+    text = (folder / "rules.yaml").read_text()
+    assert text.count(edit[0]) == 1
+    edited = text.replace(edit[0], edit[1])
+    (folder / "rules.yaml").write_text(edited)
+    index = next(i for i, r in enumerate(rules.load_rules()) if r.id == RULE)
+    # the line of the key in the rule's remedy block, else (a key left out) of the block
+    block = edited.index("    remedy:\n", edited.index(f"id: {RULE}"))
+    spelled = edited.find(f"      {key}:", block)
+    line = edited[: spelled if spelled >= 0 else block].count("\n") + 1
+    with pytest.raises(StackError) as caught:
+        rules.rules_of(load_yaml(folder / "rules.yaml"))
+    error = caught.value
+    assert error.file == folder / "rules.yaml"
+    assert error.key == f"rules[{index}].remedy.{key}"
+    assert error.line == line and message in error.message
+    # and the command that reads the rules exits 2 with it
+    monkeypatch.setattr(knowledge, "KNOWLEDGE_DIR", folder)
+    for cached in (knowledge.read_knowledge, rules.load_rules):
+        cached.cache_clear()
+    try:
+        result = run_cli("check", "vllm-0.33-marlin")
+    finally:
+        for cached in (knowledge.read_knowledge, rules.load_rules):
+            cached.cache_clear()
+    assert result.exit_code == 2
+    assert f"rules.yaml:{line}: rules[{index}].remedy.{key}: " in result.output
+    assert message in result.output
+
+
 # --- diff --------------------------------------------------------------------------------------
 
 
 def _lock(stacks_dir: Path, name: str, versions: dict[str, str]) -> None:
     """A lock matching the stack's manifest, holding these versions (no resolution)."""
     stack = resolve(name, stacks_dir)
+    write_lock(lock_path(stack), _lock_of(stack, versions))
+
+
+def _lock_of(stack: ResolvedStack, versions: dict[str, str]) -> Lock:
     inputs = lock_inputs(stack)
     base = LockedBase(image=stack.manifest.bases.build.image, note="test")
     lock = Lock(
         schema_version=1,
-        stack=name,
+        stack=stack.name,
         inputs_hash=inputs_hash(inputs),
         inputs=inputs,
         bases=LockedBases(build=base, runtime=base),
@@ -403,7 +611,7 @@ def _lock(stacks_dir: Path, name: str, versions: dict[str, str]) -> None:
             },
         ),
     )
-    write_lock(lock_path(stack), lock)
+    return lock
 
 
 @pytest.fixture

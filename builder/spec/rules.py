@@ -4,6 +4,8 @@ The engine knows only a handful of generic operators; what is known-bad lives in
 the error a user would otherwise hit at runtime, its evidence and the working alternative. A
 rule may name the package versions it affects (`affects`): it then fires only while the stack's
 version of that package is in [introduced, fixed_in), and an upgrade past fixed_in retires it.
+A rule may also carry a `remedy` a machine can apply: a pin of one package at the newest release
+a specifier allows (`propose` applies it where the rule fires on what it would lock).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BeforeValidator, model_validator
 
-from builder.spec.knowledge import parse_document, read_knowledge
+from builder.spec.knowledge import error_at, parse_document, read_knowledge
 from builder.spec.strict import Strict
+from builder.spec.yamlsafe import YamlDocument
 
 OPERATORS = frozenset(
     {
@@ -50,6 +53,31 @@ def _version_text(value: Any) -> Any:
 
 VersionText = Annotated[str, BeforeValidator(_version_text)]
 
+#: A distribution name as PEP 508 spells one.
+_PACKAGE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+
+
+def _package_name(value: Any) -> Any:
+    if isinstance(value, str) and not _PACKAGE.match(value):
+        raise ValueError(f"{value!r} is not a package name")
+    return value
+
+
+def _specifier_text(value: Any) -> Any:
+    """A PEP 440 specifier that parses and bounds something (an empty one allows anything)."""
+    if isinstance(value, str):
+        try:
+            parsed = SpecifierSet(value)
+        except InvalidSpecifier:
+            raise ValueError(f"{value!r} is not a version specifier (PEP 440)") from None
+        if not len(parsed):
+            raise ValueError("an empty specifier allows every release: give a bound")
+    return value
+
+
+PackageName = Annotated[str, BeforeValidator(_package_name)]
+SpecifierText = Annotated[str, BeforeValidator(_specifier_text)]
+
 
 class Affects(Strict):
     """The versions of one package a rule applies to: [introduced, fixed_in)."""
@@ -76,6 +104,21 @@ class Affects(Strict):
         return text if self.fixed_in else f"{text} (no fix known)".replace(") (", "; ")
 
 
+class Remedy(Strict):
+    """What a machine can do about a rule: pin `pin` (python.packages) at the newest release on
+    the stack's indexes that `newest` allows (not yanked, no pre-release), then lock again."""
+
+    #: The package to pin; a condition of the rule must read it (pins.<package>).
+    pin: PackageName
+    #: A PEP 440 specifier: the pin is the newest release it allows.
+    newest: SpecifierText
+    #: Why that pin clears the rule, for the reviewer (propose prints it).
+    why: str
+
+    def describe(self) -> str:
+        return f"pin {self.pin} at the newest release {self.newest}"
+
+
 class Rule(Strict):
     id: str
     key: str
@@ -84,6 +127,7 @@ class Rule(Strict):
     evidence: list[str]
     alternative: str
     affects: Affects | None = None
+    remedy: Remedy | None = None
 
 
 class RuleFile(Strict):
@@ -111,15 +155,43 @@ class Violation:
 
 @cache
 def load_rules() -> tuple[Rule, ...]:
-    doc = read_knowledge("rules.yaml")
+    return rules_of(read_knowledge("rules.yaml"))
+
+
+def rules_of(doc: YamlDocument) -> tuple[Rule, ...]:
+    """The rules a rules.yaml document holds, checked when read: the schema, each condition's
+    operators, and each remedy against its rule (it pins a package a condition reads). A bad
+    entry is a StackError naming the file, key and line."""
     rules = parse_document(doc, RuleFile).rules
-    for rule in rules:
-        for condition in rule.when.values():
+    for index, rule in enumerate(rules):
+        for path, condition in rule.when.items():
             if isinstance(condition, dict):
                 unknown = set(condition) - OPERATORS
                 if unknown:
-                    raise ValueError(f"rule {rule.id}: unknown operator(s) {sorted(unknown)}")
+                    raise error_at(
+                        [doc],
+                        ("rules", index, "when", path),
+                        f"rule {rule.id}: unknown operator(s) {sorted(unknown)}",
+                        hint=f"one of {', '.join(sorted(OPERATORS))}",
+                    )
+        if rule.remedy is not None:
+            _check_remedy(doc, index, rule, rule.remedy)
     return tuple(rules)
+
+
+def _check_remedy(doc: YamlDocument, index: int, rule: Rule, remedy: Remedy) -> None:
+    """A remedy's pin must be a package the rule's conditions read: pinning any other cannot
+    change whether the rule fires."""
+    read = {normalize(path[5:]) for path in rule.when if path.startswith("pins.")}
+    if normalize(remedy.pin) not in read:
+        raise error_at(
+            [doc],
+            ("rules", index, "remedy", "pin"),
+            f"rule {rule.id}: the remedy pins {remedy.pin}, which no condition of the rule reads, "
+            "so the pin cannot clear it",
+            hint="pin a package the rule's `when` names as pins.<package>"
+            + (f" ({', '.join(sorted(read))})" if read else ""),
+        )
 
 
 def normalize(name: str) -> str:

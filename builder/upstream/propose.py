@@ -4,6 +4,11 @@ The new manifest extends the old stack and overrides only the pins that move (bu
 .moves works them out); a proposal that drops a pin is a full copy instead, since `extends`
 merges maps and cannot remove a key. It is resolved, checked and locked in a scratch copy of the
 stacks folder; stacks/NEW.yaml and its lock are written only once all of that succeeded.
+
+Where a rule fires on the proposal (on its pins, or on what its lock would install) and carries a
+`remedy` (knowledge/rules.yaml), the remedy's pin joins the moves, with the pins its release
+requires, and the proposal is resolved, locked and checked again; it is written only once no rule
+fires. The moves table and the warnings say which rule's remedy made which pin.
 """
 
 from __future__ import annotations
@@ -16,19 +21,40 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.lock.lockfile import Lock, RegistryDigests, make_lock, write_lock
-from builder.spec.check import check_stack, violation_error
+from builder.spec.check import CheckResult, check_stack, violation_error
 from builder.spec.resolve import STACK_NAME, ResolvedStack, deep_merge, resolve
+from builder.spec.rules import Rule
 from builder.spec.substitute import Substitutions
 from builder.spec.yamlsafe import load_yaml
 from builder.upstream.index import IndexClient
 from builder.upstream.moves import Move, plan_moves
+from builder.upstream.releases import newest_matching
 from builder.upstream.ruling import firing, mitigations, retired, stack_rules
+
+
+@dataclass(frozen=True)
+class AppliedRemedy:
+    """A rule that fired on the proposal, and the pin its remedy added."""
+
+    rule: str
+    package: str
+    version: str
+    #: The remedy's specifier the version is the newest release of.
+    newest: str
+    why: str
+
+    def describe(self) -> str:
+        return (
+            f"rule {self.rule} fired on the proposal; its remedy pins {self.package} "
+            f"{self.version} (the newest release {self.newest}): {self.why}"
+        )
 
 
 @dataclass
@@ -46,6 +72,8 @@ class Proposal:
     warnings: list[str] = field(default_factory=list)
     lock: Lock | None = None
     written: list[Path] = field(default_factory=list)
+    #: Remedies of rules that fired on the proposal, applied (their pins are among the moves).
+    remedies: list[AppliedRemedy] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,6 +82,7 @@ class Proposal:
             "moves": [m.to_json() for m in self.moves],
             "rules_apply": self.applies,
             "rules_retire": self.retires,
+            "remedies_applied": [dataclasses.asdict(r) for r in self.remedies],
             "warnings": self.warnings,
             "locked_packages": len(self.lock.python.versions()) if self.lock else None,
             "written": [str(p) for p in self.written],
@@ -113,26 +142,34 @@ def propose(
     if not moves:
         pins = ", ".join(f"{n} {v}" for n, v in sets.items())
         raise StackError(f"nothing moves: {base.name} already pins {pins}", key="--set")
-    text = manifest_text(name, base, moves, command)
+    remedies: list[AppliedRemedy] = []
     scratch = Path(tempfile.mkdtemp(prefix=f".propose-{name}.", dir=stacks_dir.parent))
     try:
         for manifest in stacks_dir.glob("*.yaml"):
             shutil.copy2(manifest, scratch / manifest.name)
-        (scratch / f"{name}.yaml").write_text(text)
-        try:
-            stack = resolve(name, scratch, substitutions)
-            result = check_stack(stack)
-            if not result.ok:
-                raise violation_error(result)
-            made = make_lock(stack, engine) if lock else None
-            if made is not None:  # the rules again, on what the image would install
-                result = check_stack(stack, made.python.versions())
-                if not result.ok:
+        while True:
+            text = manifest_text(name, base, moves, command)
+            (scratch / f"{name}.yaml").write_text(text)
+            try:
+                stack = resolve(name, scratch, substitutions)
+                result = check_stack(stack)
+                made = None
+                if result.ok and lock:
+                    made = make_lock(stack, engine)
+                    # the rules again, on what the image would install
+                    result = check_stack(stack, made.python.versions())
+                if result.ok:
+                    break
+                more = _remedies(result, base, moves, remedies, client)
+                if not more:
                     raise violation_error(result)
-        except StackError as exc:
-            raise _outside(exc, scratch, target_path, moves) from None
+            except StackError as exc:
+                raise _outside(exc, scratch, target_path, moves) from None
+            remedies += more
+            moves, warnings = _with_remedies(base, sets, drops or [], client, remedies)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    warnings = [remedy.describe() for remedy in remedies] + warnings
     old_rules = stack_rules(base)
     before = {rule.id for rule in old_rules.firing}
     after = set(firing(stack, made.python.versions() if made else {}))
@@ -155,9 +192,97 @@ def propose(
         retires=sorted(retiring - after),
         warnings=warnings,
         lock=made,
+        remedies=remedies,
     )
     _write(proposal, target_path)
     return proposal
+
+
+# --- remedies ----------------------------------------------------------------------------------
+
+
+def _remedies(
+    result: CheckResult,
+    base: ResolvedStack,
+    moves: list[Move],
+    applied: list[AppliedRemedy],
+    client: IndexClient,
+) -> list[AppliedRemedy]:
+    """The remedies to apply for the rules that fire: [] when one of them has none (the
+    proposal fails on it). A rule whose remedy was applied and that still fires, or whose
+    remedy's package the proposal was asked to pin (--set, --drop), is an error of its own."""
+    fired = [violation.rule for violation in result.violations]
+    if any(rule.remedy is None for rule in fired):
+        return []
+    done = {remedy.rule: remedy for remedy in applied}
+    asked = {canonicalize_name(m.package): m for m in moves if m.explicit}
+    out: list[AppliedRemedy] = []
+    for rule in fired:
+        remedy = rule.remedy
+        assert remedy is not None
+        if rule.id in done:
+            raise StackError(
+                f"rule {rule.id} still fires after its remedy ({done[rule.id].package} "
+                f"{done[rule.id].version}): {rule.error}",
+                key=rule.key,
+                hint=f"instead: {rule.alternative}",
+            )
+        move = asked.get(canonicalize_name(remedy.pin))
+        if move is not None:
+            raise StackError(
+                f"rule {rule.id} fires, and its remedy would {remedy.describe()}, which "
+                f"{move.why} {move.package} {move.new or '(dropped)'} overrules: {rule.error}",
+                key=move.why,
+                hint=f"leave {move.package} to the remedy, or set it to a release {remedy.newest}",
+            )
+        out.append(
+            AppliedRemedy(
+                rule=rule.id,
+                package=remedy.pin,
+                version=_newest(base, remedy.pin, remedy.newest, rule, client),
+                newest=remedy.newest,
+                why=" ".join(remedy.why.split()),
+            )
+        )
+    return out
+
+
+def _newest(base: ResolvedStack, package: str, newest: str, rule: Rule, client: IndexClient) -> str:
+    """The newest release of package on the stack's indexes that the specifier allows."""
+    py = base.manifest.python
+    indexes = [py.index_url, *py.extra_index_urls]
+    versions = {v for p in client.projects(indexes, package) for v in p.available()}
+    found = newest_matching(SpecifierSet(newest), versions)
+    if found is None:
+        raise StackError(
+            f"rule {rule.id} fires, and its remedy finds no release of {package} {newest} on "
+            f"{', '.join(indexes)}: {rule.error}",
+            key=rule.key,
+            hint=f"instead: {rule.alternative}",
+        )
+    return str(found)
+
+
+def _with_remedies(
+    base: ResolvedStack,
+    sets: dict[str, str],
+    drops: list[str],
+    client: IndexClient,
+    remedies: list[AppliedRemedy],
+) -> tuple[list[Move], list[str]]:
+    """The moves again, with the remedies' pins asked for too (so what their releases require
+    of the stack's pins follows), each remedy's move labelled with its rule."""
+    by_package = {canonicalize_name(r.package): r for r in remedies}
+    wanted = {**sets, **{r.package: r.version for r in remedies}}
+    moves, warnings = plan_moves(base, wanted, drops, client)
+    labelled = []
+    for move in moves:
+        remedy = by_package.get(canonicalize_name(move.package))
+        if remedy is not None and move.explicit:
+            why = f"remedy of rule {remedy.rule}: the newest {remedy.package} {remedy.newest}"
+            move = dataclasses.replace(move, why=why, explicit=False)
+        labelled.append(move)
+    return labelled, warnings
 
 
 def _write(proposal: Proposal, target_path: Path) -> None:
