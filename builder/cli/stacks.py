@@ -120,7 +120,7 @@ def show(settings: Settings, stack: str) -> None:
 def check(settings: Settings, stacks: tuple[str, ...]) -> None:
     """Validate stacks and their compatibility rules (all stacks when none are named)."""
     names = list(stacks) or stack_names(settings.stacks_dir)
-    failures: list[StackError] = []
+    failures: list[tuple[str, StackError]] = []
     for name in names:
         try:
             stack = settings.resolve(name)
@@ -131,11 +131,14 @@ def check(settings: Settings, stacks: tuple[str, ...]) -> None:
             click.echo(f"ok  {name}")
         except StackError as exc:
             click.echo(f"BAD {name}", err=True)
-            failures.append(exc)
+            failures.append((name, exc))
     if len(failures) == 1:
-        raise failures[0]
+        raise failures[0][1]
     if failures:
-        raise StackError(f"{len(failures)} stacks failed:\n" + "\n".join(map(str, failures)))
+        each = "\n".join(
+            f"- {name}: {str(exc).replace(chr(10), chr(10) + '  ')}" for name, exc in failures
+        )
+        raise StackError(f"{len(failures)} stacks failed:\n{each}")
 
 
 @cli.command("render")

@@ -33,7 +33,7 @@ from builder.errors import (
 from builder.files import write_atomic
 from builder.spec.knowledge import parse_document
 from builder.spec.manifest import Digest, ImageRef, PackageName, Url
-from builder.spec.resolve import ResolvedStack, canonical_json
+from builder.spec.resolve import ResolvedStack, canonical_json, local_wheels
 from builder.spec.strict import Strict
 from builder.spec.yamlsafe import MAX_BYTES, load_yaml
 
@@ -136,8 +136,8 @@ def lock_inputs(stack: ResolvedStack) -> dict[str, Any]:
     """
     m = stack.manifest
     wheels = {
-        Path(w).name: "sha256:" + hashlib.sha256(stack.local_file(w).read_bytes()).hexdigest()
-        for w in m.python.wheels
+        path.name: "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in local_wheels(stack)
     }
     bases = original_bases(stack)
     return {

@@ -24,7 +24,7 @@ from builder import REPO_ROOT
 from builder.errors import StackError
 from builder.lock.lockfile import Lock, base_reference, current_lock, lock_requirements
 from builder.render.digests import DigestCache
-from builder.spec.resolve import ResolvedStack, canonical_json, jit_module_table
+from builder.spec.resolve import ResolvedStack, canonical_json, jit_module_table, local_wheels
 from builder.spec.serve import serve_argv
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
@@ -274,8 +274,7 @@ def render(
         REGULAR,
     )
     copied: dict[str, CopiedFile] = {}
-    for wheel in stack.manifest.python.wheels:
-        source = stack.local_file(wheel)
+    for source in local_wheels(stack):
         stat = source.stat()
         copied[f"wheels/{source.name}"] = CopiedFile(
             source, digests.sha256(source), stat.st_size, stat.st_mtime_ns

@@ -158,7 +158,7 @@ def resolve(
     )
     _check_reserved_env(stack, docs)
     _check_patches(stack, docs)
-    _check_wheels(stack, docs)
+    _check_distinct_names(docs, ("python", "wheels"), stack.manifest.python.wheels)
     _check_template(stack, docs)
     if uncovered is not None and not evaluate(rule_facts(stack)):
         # Where a compatibility rule fires (no flashinfer_b12x before vLLM 0.22), its message says
@@ -343,16 +343,24 @@ def _check_distinct_names(
         seen[name] = index
 
 
-def _check_wheels(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
-    _check_distinct_names(docs, ("python", "wheels"), stack.manifest.python.wheels)
-    for index, wheel in enumerate(stack.manifest.python.wheels):
-        if not stack.local_file(wheel).is_file():
+def local_wheels(stack: ResolvedStack) -> list[Path]:
+    """The manifest's local wheels, each checked to be on this machine.
+
+    Asked where the files are read (rendering a context, making a lock), never by `resolve`:
+    what a manifest says is valid on a fresh clone before anything is fetched into build/, so
+    `check` and `list` do not depend on the machine's disk.
+    """
+    paths = [stack.local_file(wheel) for wheel in stack.manifest.python.wheels]
+    for index, (wheel, path) in enumerate(zip(stack.manifest.python.wheels, paths, strict=True)):
+        if not path.is_file():
+            docs = _load_chain(stack.name, stack.sources[0].parent)  # for the file and line
             raise error_at(
                 docs,
                 ("python", "wheels", index),
                 f"wheel {wheel} does not exist on this machine",
                 "`make wheels-local` fetches the wheels the test stacks use",
             )
+    return paths
 
 
 def _check_template(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
