@@ -1,9 +1,9 @@
 """Every kind of runtime compile a vLLM server logs is found, named and judged (CPU, no server).
 
-The lines are vLLM 0.22.1's, FlashInfer 0.6.11's, Triton 3.6's and CUTLASS DSL 4.5's own
-messages as their loggers print them (the format strings are quoted in
-knowledge/runtime_compiles.yaml's evidence), and the lines the H200 runs logged
-(tests/fixtures/runtime-compiles/, cut from bench/results/).
+The lines are vLLM 0.22.1's and 0.33.0's, FlashInfer 0.6.11's and 0.7.2.post1's, Triton 3.6's
+and CUTLASS DSL 4.5's own messages as their loggers print them (the format strings are quoted in
+knowledge/runtime_compiles.yaml's evidence, with file and line), and the lines the H200 runs
+logged (tests/fixtures/runtime-compiles/, cut from bench/results/).
 """
 
 from __future__ import annotations
@@ -18,6 +18,19 @@ from builder.verify.smoke import CHECK_JIT, SmokeReport, format_table, judge_com
 FIXTURES = Path(__file__).parent / "fixtures" / "runtime-compiles"
 
 PREFIX = "(EngineCore pid=4242) INFO 11-30 20:41:07 [backends.py:394] "
+#: vLLM 0.33's logger (vllm/logger.py _FORMAT) and FlashInfer 0.7's (jit/core.py
+#: FlashInferJITLogger), in a worker whose output vLLM prefixes with its process.
+MONITOR = "(EngineCore pid=4242) WARNING 12-01 09:12:33 [jit_monitor.py:140] "
+SPIKE = ". This causes a latency spike; consider extending warmup to cover this shape/config."
+FI_LOG = "(EngineCore pid=4242) 2026-12-01 09:12:30,517 - INFO - {where} - flashinfer.jit: "
+#: FlashInfer 0.7.2.post1's tqdm bar for one op's tuning (autotuner.py:2400-2406) as a log
+#: holds it: each render ends with a carriage return, the first at 0%.
+TUNING = (
+    "[AutoTuner]: Tuning fp4_gemm:   0%|          | 0/12 [00:00<?, ?profile/s]\r"
+    "[AutoTuner]: Tuning fp4_gemm:  50%|#####     | 6/12 [00:01<00:01,  4.02profile/s]\r"
+    "[AutoTuner]: Tuning fp4_gemm: 100%|##########| 12/12 [00:02<00:00,  4.11profile/s]\r"
+    "[AutoTuner]: Tuning fp4_gemm: 100%|##########| 12/12 [00:02<00:00,  4.10profile/s]"
+)
 #: One line per pattern: (kind, event, name, seconds, line). Formats from the packages' source.
 RECORDED = [
     (
@@ -129,6 +142,63 @@ RECORDED = [
         "2026-11-30 20:41:07,001 - CUTE_DSL - INFO - [jit_runner] - JIT cache hit IN-FILE "
         "function=[b12x_moe_kernel] module_hash=[9f8e]",
     ),
+    (
+        "flashinfer",
+        "compile",
+        "fp4_gemm_cutlass_sm120",
+        None,
+        FI_LOG.format(where="core.py:594")
+        + "Building JIT module fp4_gemm_cutlass_sm120; this can take several minutes on first "
+        "use.",
+    ),
+    (
+        "cute_dsl",
+        "compile",
+        "MoEDirectMicroKernel",
+        None,
+        MONITOR + "CuTeDSL JIT compilation during inference: MoEDirectMicroKernel" + SPIKE,
+    ),
+    (
+        "tilelang",
+        "compile",
+        "hc_prenorm_gemm_kernel",
+        None,
+        MONITOR + "TileLang JIT compilation during inference: hc_prenorm_gemm_kernel" + SPIKE,
+    ),
+    (
+        "tilelang",
+        "compile",
+        "hc_prenorm_gemm_kernel",
+        None,
+        # --jit-monitor-verbose adds the cache key and shapes
+        MONITOR + "TileLang JIT compilation during inference: hc_prenorm_gemm_kernel "
+        "(cache_key=((8, 4096), 'bfloat16'); runtime_shapes={x=(8, 4096)})" + SPIKE,
+    ),
+    (
+        "flashinfer_autotune",
+        "autotune",
+        "fp4_gemm",
+        None,
+        "[AutoTuner]: Tuning fp4_gemm:   0%|          | 0/12 [00:00<?, ?profile/s]",
+    ),
+    (
+        "flashinfer_autotune",
+        "load",
+        "trtllm::fp4_gemm",
+        None,
+        FI_LOG.format(where="autotuner.py:2064")
+        + "[Autotuner]: Config cache hit for trtllm::fp4_gemm (runner=CutlassFp4GemmRunner, "
+        "source=managed cache)",
+    ),
+    (
+        "flashinfer_autotune",
+        "trace",
+        "8192",
+        None,
+        "(EngineCore pid=4242) INFO 12-01 09:12:30 [kernel_warmup.py:371] Running FlashInfer "
+        "autotune with 8192 tokens and token buckets [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, "
+        "1024, 2048, 4096, 8192].",
+    ),
 ]
 
 QUIET = [
@@ -143,6 +213,26 @@ QUIET = [
     "compilations during inference will be logged as warnings.",
     "INFO [kernel_warmup.py:97] Warming up FlashInfer attention.",
     "[2/4] c++ -c binding.cc -o binding.o",
+    # vLLM 0.33.0 and FlashInfer 0.7.2.post1 lines that are no compile, tune or load
+    "(EngineCore pid=1) INFO 12-01 09:12:40 [jit_monitor.py:84] Kernel JIT monitor activated; "
+    "monitored JIT compilations during inference will use mode=warn.",
+    "(EngineCore pid=1) INFO 12-01 09:12:30 [kernel_warmup.py:485] Using FlashInfer managed "
+    "autotune cache (root=flashinfer default). Pass --disable-flashinfer-autotune to skip "
+    "autotuning.",
+    "(EngineCore pid=1) INFO 12-01 09:12:30 [kernel_warmup.py:270] Skipping FlashInfer autotune "
+    "because it is disabled.",
+    FI_LOG.format(where="autotuner.py:1048") + "[Autotuner]: Autotuning process starts ...",
+    FI_LOG.format(where="autotuner.py:1071") + "[Autotuner]: Autotuning process ends",
+    FI_LOG.format(where="autotuner.py:2536")
+    + "[Autotuner]: Skipped 3 unsupported tactic(s) for fp4_gemm (enable debug logs to see "
+    "details)",
+    "[AutoTuner]: Tuning fp4_gemm: 100%|##########| 12/12 [00:02<00:00,  4.11profile/s]",
+    "[AutoTuner]: Tuning fp4_gemm:  10%|#         | 1/10 [00:00<00:02,  4.11profile/s]",
+    "(EngineCore pid=1) WARNING 12-01 09:12:30 [qwen_gdn_linear_attn.py:307] FlashInfer GDN "
+    "prefill is JIT-compiled; first run may take a while. Set --gdn-prefill-backend triton to "
+    "skip JIT.",
+    "(EngineCore pid=1) INFO 12-01 09:12:30 [b12x_warmup.py:85] Warmed up 4 b12x moe kernel "
+    "signature(s).",
 ]
 
 
@@ -167,17 +257,23 @@ def test_only_the_kinds_an_image_precompiles_fail_the_smoke() -> None:
     findings = find_compiles(log)
     assert [k.kind for k in findings.failing] == ["flashinfer"]
     by_kind = {k.kind: k for k in findings.kinds}
-    assert by_kind["flashinfer"].names == ["sampling"]
-    assert by_kind["flashinfer"].compiles == 2
+    assert by_kind["flashinfer"].names == ["sampling", "fp4_gemm_cutlass_sm120"]
+    assert by_kind["flashinfer"].compiles == 3
     assert by_kind["triton"].names == ["_compute_slot_mapping_kernel", "_fwd_kernel"]
     assert by_kind["torch_compile"].compiles == 3
     assert by_kind["torch_compile"].loads == 2
     assert by_kind["torch_compile"].total_seconds == pytest.approx(26.52)
-    assert by_kind["cute_dsl"].compiles == 2
+    assert by_kind["cute_dsl"].compiles == 3
     assert by_kind["cute_dsl"].names == [
         "b12x_moe_sm120a_cute_dsl/static_k4096_n1024_t8_r128_0123456789abcdef",
         "b12x_moe_kernel",
+        "MoEDirectMicroKernel",
     ]
+    assert by_kind["tilelang"].compiles == 2
+    assert by_kind["tilelang"].names == ["hc_prenorm_gemm_kernel"]
+    tune = by_kind["flashinfer_autotune"]
+    assert (tune.compiles, tune.names, tune.loaded) == (1, ["fp4_gemm"], ["trtllm::fp4_gemm"])
+    assert not tune.failing
     assert by_kind["cute_dsl"].loaded == [
         "b12x_moe_sm120a_cute_dsl/dynamic_e128_k4096_n1024_t8_fedcba9876543210",
         "b12x_moe_kernel",
@@ -189,7 +285,9 @@ def test_the_smoke_check_names_the_compiles_and_the_table_lists_every_kind() -> 
     judge_compiles(report, "\n".join(line for *_, line in RECORDED))
     (check,) = report.checks
     assert check.name == CHECK_JIT and not check.passed
-    assert check.detail.startswith("flashinfer: 2 compile line(s): sampling")
+    assert check.detail.startswith(
+        "flashinfer: 3 compile line(s): sampling, fp4_gemm_cutlass_sm120"
+    )
     assert "triton: 2 compile line(s): _compute_slot_mapping_kernel" in check.detail
     table = format_table(report)
     for kind in compile_kinds():
@@ -207,6 +305,43 @@ def test_a_log_with_loads_only_passes_and_says_so() -> None:
     (check,) = report.checks
     assert check.passed
     assert check.detail == "none (torch_compile: 1 cache load(s))"
+
+
+def test_a_vllm_033_start_is_judged_by_kind() -> None:
+    """A start of vLLM 0.33 on FlashInfer 0.7 as its log holds it: FlashInfer's INFO "Building
+    JIT module" fails the smoke even without FLASHINFER_JIT_VERBOSE (0.6 printed nothing); one
+    op's tuning bar is one tune, however often tqdm redraws it; the monitor's CuTeDSL and
+    TileLang lines are compiles that pass."""
+    log = "\n".join(
+        [
+            *QUIET,
+            FI_LOG.format(where="core.py:594")
+            + "Building JIT module sampling; this can take several minutes on first use.",
+            TUNING,
+            TUNING.replace("fp4_gemm", "cutlass_fused_moe"),
+            FI_LOG.format(where="autotuner.py:2064")
+            + "[Autotuner]: Config cache hit for fp8_gemm (runner=CublasRunner, source=managed "
+            "cache)",
+            MONITOR + "CuTeDSL JIT compilation during inference: MoEDirectMicroKernel" + SPIKE,
+            MONITOR + "TileLang JIT compilation during inference: mhc_pre_kernel" + SPIKE,
+        ]
+    )
+    findings = find_compiles(log)
+    by_kind = {k.kind: k for k in findings.kinds}
+    assert [k.kind for k in findings.failing] == ["flashinfer"]
+    assert (by_kind["flashinfer"].compiles, by_kind["flashinfer"].names) == (1, ["sampling"])
+    tune = by_kind["flashinfer_autotune"]
+    assert (tune.compiles, tune.names) == (2, ["fp4_gemm", "cutlass_fused_moe"])
+    assert (tune.loads, tune.loaded) == (1, ["fp8_gemm"])
+    assert by_kind["cute_dsl"].names == ["MoEDirectMicroKernel"]
+    assert by_kind["tilelang"].names == ["mhc_pre_kernel"]
+    assert set(by_kind) == {"flashinfer", "flashinfer_autotune", "cute_dsl", "tilelang"}
+
+
+def test_the_new_kinds_show_without_extra_environment() -> None:
+    """The smoke's servers set each kind's visible_with; the 0.33 lines need none."""
+    kinds = compile_kinds()
+    assert kinds["tilelang"].visible_with == {} and kinds["flashinfer_autotune"].visible_with == {}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.log")))
