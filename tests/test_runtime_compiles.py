@@ -8,11 +8,13 @@ logged (tests/fixtures/runtime-compiles/, cut from bench/results/).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from builder.verify.compiles import compile_kinds, find_compiles, find_events
+from builder.verify.kernel_cache import cache_layouts, classify, directory_watch, list_directory
 from builder.verify.smoke import CHECK_JIT, SmokeReport, format_table, judge_compiles
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runtime-compiles"
@@ -366,3 +368,49 @@ def test_the_h200_control_run_names_each_flashinfer_module_it_built() -> None:
     (flashinfer,) = [k for k in find_compiles(text).kinds if k.kind == "flashinfer"]
     assert sorted(flashinfer.names) == sorted(resolve("vllm-0.22-sm90", STACKS).jit_modules)
     assert flashinfer.failing
+
+
+# --- the autotune cache's layout (knowledge/runtime_caches.yaml flashinfer_autotune) ----------
+
+
+def _tuned(root: Path, env: str, ops: list[str]) -> Path:
+    """A FlashInfer 0.7.2.post1 managed autotune store as autotune_cache.py writes it."""
+    folder = root / "v2" / env
+    (folder / "entries").mkdir(parents=True)
+    manifest = {"flashinfer_version": "0.7.2.post1", "gpu": "NVIDIA RTX PRO 6000 Blackwell"}
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "cache_schema": "v2"}))
+    for op in ops:
+        (folder / "entries" / f"{op}.json").write_text("{}")
+    return folder
+
+
+def test_the_autotune_layout_lists_each_environment_of_the_store(tmp_path: Path) -> None:
+    layout = cache_layouts()["flashinfer_autotune"]
+    assert layout.applies_to("0.7.2.post1") and layout.workspace.below.endswith("autotune")
+    workspace = tmp_path / "flashinfer"  # FLASHINFER_WORKSPACE_BASE
+    root = workspace / ".cache" / "flashinfer" / "autotune"
+    _tuned(root, "0123456789abcdef", ["a" * 24])
+    (root / "v2" / "not-an-env").mkdir()
+    before = list_directory(layout, workspace)
+    _tuned(root, "fedcba9876543210", ["b" * 24])  # another GPU or version: a new environment
+    after = list_directory(layout, workspace)
+    assert [Path(m["path"]).name for m in after.modules] == [
+        "0123456789abcdef",
+        "fedcba9876543210",
+    ]
+    assert all(m["meta"]["gpu"].startswith("NVIDIA RTX PRO 6000") for m in after.modules)
+    result = classify("flashinfer_autotune", layout, before, after, where="directory")
+    assert [(row.module, row.status) for row in result.kernels] == [
+        ("0123456789abcdef", "hit"),
+        ("fedcba9876543210", "miss"),
+    ]
+
+
+def test_the_smoke_still_watches_the_cute_dsl_cache_of_a_033_stack(tmp_path: Path) -> None:
+    """One watch per smoke, the first layout that applies: the autotune store is data only
+    until the watches list every layout (the report says what that needs)."""
+    from builder.spec.resolve import resolve
+    from tests.conftest import STACKS
+
+    watch = directory_watch(resolve("vllm-0.33-b12x", STACKS), tmp_path)
+    assert watch.cache_id == "flashinfer_cute_dsl"
