@@ -150,6 +150,11 @@ def test_each_not_precompiled_entry_of_vllm_033_b12x_is_a_row() -> None:
             "not-precompiled",
             "not-precompiled",
         ),
+        (
+            "b12x direct micro MoE kernel (the smallest NVFP4 decode batches)",
+            "not-precompiled",
+            "not-precompiled",
+        ),
     ]
     assert [r.detail for r in rows] == [short_why(e.why) for e in entries]
     assert rows[0].detail.startswith("FlashInfer 0.7.2.post1 caches them on disk (FI#3874")
@@ -192,6 +197,7 @@ def test_the_jit_table_lists_precompiled_modules_then_the_not_precompiled_famili
         ("fp4_gemm_cutlass_sm120", "hit"),
         ("b12x CuTe-DSL fused MoE kernels (NVFP4 static, micro and dynamic)", "not-precompiled"),
         ("b12x W4A16 MoE kernels (NVFP4 checkpoints without activation scales)", "not-precompiled"),
+        ("b12x direct micro MoE kernel (the smallest NVFP4 decode batches)", "not-precompiled"),
     ]
 
 
