@@ -52,11 +52,9 @@ trap cleanup EXIT
 : >"$OUT/timeline.txt"
 
 stamp "workspace $WORK"
-mkdir -p "$WORK/stacks" "$WORK/build" "$WORK/models"
-cp stacks/ci-mini.yaml "$WORK/stacks/"
-printf 'extends: ci-mini\nenv:\n  OMP_NUM_THREADS: "1"\n' >"$WORK/stacks/ci-mini-v2.yaml"
-ln -sfn "$PWD/build/wheels" "$WORK/build/wheels"
-ln -sfn "$PWD/patches" "$WORK/patches"
+. bench/workspace.sh
+bench_workspace "$WORK" ci-mini-v2 $'extends: ci-mini\nenv:\n  OMP_NUM_THREADS: "1"\n'
+mkdir -p "$WORK/models"
 SUB=(--substitute-base "$BASE=$PUSHED_BASE")
 
 stamp "models: one that answers right, one fluent and wrong"

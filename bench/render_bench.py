@@ -2,20 +2,32 @@
 
 Measures per-stack time as the number of stacks grows (flat stacks extending one parent) and as
 the depth of `extends` grows, all in one process and one run, so the numbers compare as ratios.
-Usage: python bench/render_bench.py [--stacks 1000] [--repeat 3]
+The real (locked) stacks are timed twice: cold (each lock parsed from YAML: a fresh parse cache
+and no in-process one) and warm (the parse cache filled by an earlier command). With
+`--against DIR` (a checkout of an earlier commit, e.g. `git worktree add DIR COMMIT`), the
+whole-process `sm120-stacks list` of this tree and of DIR run in turn, pair by pair, and the
+median of the per-pair ratios is printed.
+Usage: python bench/render_bench.py [--stacks 1000] [--repeat 3] [--against DIR [--pairs 7]]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from click.testing import CliRunner
+
 from builder import REPO_ROOT
+from builder.cli.main import cli
+from builder.lock import lockfile
 from builder.render.context import render
 from builder.spec.check import check_stack
 from builder.spec.resolve import resolve, stack_names
@@ -36,6 +48,46 @@ def timed(action: Callable[[], None], repeat: int) -> float:
         action()
         runs.append(time.perf_counter() - started)
     return statistics.median(runs)
+
+
+def cold(name: str, stacks_dir: Path) -> None:
+    """The pipeline with every lock parsed from its YAML (no parse cache of any kind)."""
+    lockfile._parsed_lock.cache_clear()
+    os.environ["SM120_STACKS_CACHE_DIR"] = tempfile.mkdtemp(prefix="sm120-bench-cache-")
+    try:
+        pipeline(name, stacks_dir)
+    finally:
+        shutil.rmtree(os.environ.pop("SM120_STACKS_CACHE_DIR"))
+
+
+def warm(name: str, stacks_dir: Path) -> None:
+    """A later command: the in-process cache is gone, the parse cache on disk is not."""
+    lockfile._parsed_lock.cache_clear()
+    pipeline(name, stacks_dir)
+
+
+def list_seconds(tree: Path) -> float:
+    """Wall seconds of one whole `sm120-stacks list` process run from tree's sources."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    began = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "builder", "--stacks-dir", str(REAL), "list"],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    return time.perf_counter() - began
+
+
+def compare_list(against: Path, pairs: int) -> None:
+    list_seconds(REPO_ROOT), list_seconds(against)  # warm-up: imports compiled, caches filled
+    runs = [(list_seconds(REPO_ROOT), list_seconds(against)) for _ in range(pairs)]
+    ours = statistics.median(a for a, _ in runs)
+    theirs = statistics.median(b for _, b in runs)
+    ratio = statistics.median(a / b for a, b in runs)
+    print(f"\n`list` of every stack, whole process, {pairs} pairs (median):")
+    print(f"this tree {ours:.3f} s, {against} {theirs:.3f} s, ratio {ratio:.2f}x")
 
 
 def scratch_repo() -> Path:
@@ -72,13 +124,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--stacks", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--against", type=Path)
+    parser.add_argument("--pairs", type=int, default=7)
     args = parser.parse_args()
     root = scratch_repo()
     stacks_dir = root / "stacks"
     try:
         real = [n for n in stack_names(REAL) if not n.startswith("ci-mini")]
-        base = timed(lambda: [pipeline(n, stacks_dir) for n in real], args.repeat) / len(real)
-        print(f"real stacks ({len(real)}): {base * 1e3:.2f} ms per stack (baseline 1.00x)")
+        base = timed(lambda: [cold(n, stacks_dir) for n in real], args.repeat) / len(real)
+        print(f"real stacks ({len(real)}), cold: {base * 1e3:.2f} ms per stack (baseline 1.00x)")
+        hot = timed(lambda: [warm(n, stacks_dir) for n in real], args.repeat) / len(real)
+        print(f"real stacks ({len(real)}), warm: {hot * 1e3:.2f} ms per stack ({hot / base:.2f}x)")
+        started = time.perf_counter()
+        CliRunner().invoke(cli, ["--stacks-dir", str(REAL), "list"], catch_exceptions=False)
+        print(f"`list` of every stack, in process, warm: {time.perf_counter() - started:.3f} s")
         print("\n| stacks | total s | ms per stack | vs real stacks |\n|---|---|---|---|")
         names = generate_flat(stacks_dir, args.stacks)
         for count in (10, 100, args.stacks):
@@ -93,6 +152,8 @@ def main() -> None:
             seconds = timed(lambda leaf=leaf: pipeline(leaf, stacks_dir), args.repeat)
             depth_one = depth_one or seconds
             print(f"| {depth} | {seconds * 1e3:.2f} | {seconds / depth_one:.2f}x |")
+        if args.against is not None:
+            compare_list(args.against, args.pairs)
     finally:
         shutil.rmtree(root)
 

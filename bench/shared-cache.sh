@@ -36,11 +36,8 @@ FRESH=unix:///run/sm120-fleet/h1/docker.sock
 
 # A workspace: ci-mini as committed, and the variant (another serve port: the runtime stage's
 # EXPOSE and CMD change, every layer stays what it was).
-mkdir -p "$WORK/stacks" "$WORK/build"
-cp stacks/ci-mini.yaml "$WORK/stacks/"
-printf 'extends: ci-mini\nserve:\n  port: 8001\n' >"$WORK/stacks/ci-mini-port8001.yaml"
-ln -sfn "$PWD/build/wheels" "$WORK/build/wheels"
-ln -sfn "$PWD/patches" "$WORK/patches"
+. bench/workspace.sh
+bench_workspace "$WORK" ci-mini-port8001 $'extends: ci-mini\nserve:\n  port: 8001\n'
 SUB=(--substitute-base "$BASE=$PUSHED_BASE")
 
 echo "== 1. this machine: base to the registry, ci-mini built with inline cache and pushed"

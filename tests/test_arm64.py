@@ -15,7 +15,7 @@ from pathlib import Path
 from builder import REPO_ROOT
 from builder.image.build import BuildOptions, build_argv
 from builder.image.buildclient import BuildClient
-from builder.lock.lockfile import UV_PLATFORMS, lock_inputs
+from builder.lock.lockfile import UV_PLATFORMS, flatten, lock_inputs
 from builder.render.context import render
 from builder.spec.resolve import resolve
 from builder.spec.substitute import Substitutions
@@ -34,15 +34,6 @@ ARM64_CHANGES = {
 }
 
 
-def _flat(data: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(data, dict) and data:
-        out: dict[str, object] = {}
-        for key, value in data.items():
-            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: data}
-
-
 def _argv(name: str, tmp_path: Path, substitutions: Substitutions | None = None) -> list[str]:
     stack = resolve(name, STACKS, substitutions)
     client = BuildClient("classic+buildkit", ("docker", "build"), {"DOCKER_BUILDKIT": "1"})
@@ -50,8 +41,8 @@ def _argv(name: str, tmp_path: Path, substitutions: Substitutions | None = None)
 
 
 def test_ci_mini_arm64_is_ci_mini_but_for_what_arm64_forces() -> None:
-    mini = _flat(resolve("ci-mini", STACKS).manifest.model_dump(mode="json"))
-    arm = _flat(resolve("ci-mini-arm64", STACKS).manifest.model_dump(mode="json"))
+    mini = flatten(resolve("ci-mini", STACKS).manifest.model_dump(mode="json"))
+    arm = flatten(resolve("ci-mini-arm64", STACKS).manifest.model_dump(mode="json"))
     changed = {key for key in mini.keys() | arm.keys() if mini.get(key) != arm.get(key)}
     assert changed == ARM64_CHANGES
     assert arm["platform"] == "linux/arm64"

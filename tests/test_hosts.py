@@ -34,14 +34,9 @@ from builder.image.docker_engine import run_kwargs
 from builder.image.hostprobe import Gpu, HostFacts, Probe, gather
 from builder.image.records import Record, save_record
 from builder.lock.lockfile import (
-    LOCK_SCHEMA,
     Lock,
     LockedBase,
-    LockedBases,
-    LockedPython,
     current_lock,
-    inputs_hash,
-    lock_inputs,
     lock_path,
     parse_compiled,
     read_lock,
@@ -50,6 +45,7 @@ from builder.lock.lockfile import (
 )
 from builder.render.context import render
 from builder.spec.resolve import ResolvedStack, resolve
+from tests.support.locks import lock_of
 
 STACK = "vllm-0.22-marlin"  # no local wheels needed: resolves on any machine
 DIGEST = "sha256:" + "ab" * 32
@@ -88,23 +84,13 @@ def _pin(stacks_dir: Path, tmp_path: Path, host: str = "gpu-node-07", **options:
 
 
 def _lock_for(stack: ResolvedStack) -> Lock:
-    packages = parse_compiled(UV_OUTPUT)
-    inputs = lock_inputs(stack)
     base = LockedBase(image="nvidia/cuda:13.0.2-devel-ubuntu24.04", digest=DIGEST, note="test")
-    return Lock(
-        schema_version=LOCK_SCHEMA,
-        stack=stack.name,
-        inputs_hash=inputs_hash(inputs),
-        inputs=inputs,
-        bases=LockedBases(build=base, runtime=base),
-        python=LockedPython(
-            version="3.12",
-            platform="x86_64-manylinux_2_28",
-            resolver="uv test",
-            index_url="https://pypi.org/simple",
-            heavy={k: v for k, v in packages.items() if k in ("torch", "filelock")},
-            packages={k: v for k, v in packages.items() if k not in ("torch", "filelock")},
-        ),
+    return lock_of(
+        stack,
+        parse_compiled(UV_OUTPUT),
+        heavy=("torch", "filelock"),
+        base=base,
+        resolver="uv test",
     )
 
 

@@ -19,12 +19,6 @@ from packaging.version import Version
 from builder.errors import StackError
 from builder.lock.lockfile import (
     Lock,
-    LockedBase,
-    LockedBases,
-    LockedPackage,
-    LockedPython,
-    inputs_hash,
-    lock_inputs,
     lock_path,
     write_lock,
 )
@@ -34,6 +28,7 @@ from builder.spec.yamlsafe import load_yaml
 from builder.upstream.index import IndexClient
 from builder.upstream.releases import classify, newer
 from tests.support.index_server import FIXTURES, Served, index_server, wheel_bytes
+from tests.support.locks import lock_of, packages_of
 
 
 @pytest.fixture
@@ -592,26 +587,7 @@ def _lock(stacks_dir: Path, name: str, versions: dict[str, str]) -> None:
 
 
 def _lock_of(stack: ResolvedStack, versions: dict[str, str]) -> Lock:
-    inputs = lock_inputs(stack)
-    base = LockedBase(image=stack.manifest.bases.build.image, note="test")
-    lock = Lock(
-        schema_version=1,
-        stack=stack.name,
-        inputs_hash=inputs_hash(inputs),
-        inputs=inputs,
-        bases=LockedBases(build=base, runtime=base),
-        python=LockedPython(
-            version="3.12",
-            platform="x86_64-manylinux_2_28",
-            resolver="test",
-            index_url=stack.manifest.python.index_url,
-            packages={
-                n: LockedPackage(version=v, hashes=["sha256:" + "0" * 64])
-                for n, v in versions.items()
-            },
-        ),
-    )
-    return lock
+    return lock_of(stack, packages_of(versions))
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ MAX_BYTES = 1_000_000
 MAX_DEPTH = 40
 
 KeyPath = tuple[str | int, ...]
+STR_TAG = "tag:yaml.org,2002:str"
 
 
 @dataclass
@@ -76,26 +77,8 @@ def _compose(text: str) -> Node | None:
         except (yaml.YAMLError, RecursionError):
             pass
         else:
-            if node is None or not _shares_nodes(node):
-                return node
+            return node
     return yaml.compose(text, Loader=_NoAliasLoader)
-
-
-def _shares_nodes(root: Node) -> bool:
-    """True when one node is reached twice: the mark an alias leaves in a composed tree."""
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            return True
-        seen.add(id(node))
-        if isinstance(node, MappingNode):
-            for key, value in node.value:
-                stack += [key, value]
-        elif isinstance(node, SequenceNode):
-            stack += node.value
-    return False
 
 
 def load_yaml(path: Path) -> YamlDocument:
@@ -137,23 +120,68 @@ def load_yaml(path: Path) -> YamlDocument:
     if node is None:
         raise StackError("the file is empty", file=path, hint="a manifest is a YAML mapping")
     document = YamlDocument(path=path, data={})
-    data = _build(node, (), document, depth=0)
+    try:
+        data = _Builder(document).build(node, (), depth=0)
+    except _SharedNode:
+        # libyaml composed an alias into a shared node: the strict composer names it and its line.
+        try:
+            yaml.compose(text, Loader=_NoAliasLoader)
+        except _YamlRefusal as exc:
+            raise StackError(str(exc), file=path, line=exc.line, hint=exc.hint) from None
+        raise StackError("YAML aliases (*name) are not allowed in manifests", file=path) from None
     if not isinstance(data, dict):
         raise StackError("the top level must be a mapping of keys", file=path, line=1)
     document.data = data
     return document
 
 
-def _build(node: Node, key_path: KeyPath, doc: YamlDocument, depth: int) -> Any:
-    if depth > MAX_DEPTH:
-        raise StackError(
-            f"nesting deeper than {MAX_DEPTH} levels",
-            file=doc.path,
-            key=_dotted(key_path),
-            line=node.start_mark.line + 1,
-        )
-    doc.lines.setdefault(key_path, node.start_mark.line + 1)
-    if isinstance(node, MappingNode):
+class _SharedNode(Exception):
+    """One node reached twice: the mark an alias leaves in a tree libyaml composed."""
+
+
+class _Builder:
+    """Plain data from a composed tree, recording lines; one scalar constructor per document
+    (a SafeLoader per scalar was 70% of reading a lock file)."""
+
+    def __init__(self, doc: YamlDocument) -> None:
+        self.doc = doc
+        self.constructor = yaml.SafeLoader("")
+        self.seen: set[int] = set()
+
+    def build(self, node: Node, key_path: KeyPath, depth: int) -> Any:
+        doc = self.doc
+        if depth > MAX_DEPTH:
+            raise StackError(
+                f"nesting deeper than {MAX_DEPTH} levels",
+                file=doc.path,
+                key=_dotted(key_path),
+                line=node.start_mark.line + 1,
+            )
+        doc.lines.setdefault(key_path, node.start_mark.line + 1)
+        if id(node) in self.seen:
+            raise _SharedNode
+        self.seen.add(id(node))
+        if isinstance(node, MappingNode):
+            return self._mapping(node, key_path, depth)
+        if isinstance(node, SequenceNode):
+            return [
+                self.build(item, (*key_path, i), depth + 1) for i, item in enumerate(node.value)
+            ]
+        assert isinstance(node, ScalarNode)
+        if node.tag == STR_TAG:
+            return node.value  # most scalars; what the constructor would return, without it
+        try:
+            return self.constructor.construct_object(node)
+        except yaml.YAMLError as exc:
+            raise StackError(
+                f"invalid value: {exc}",
+                file=doc.path,
+                key=_dotted(key_path),
+                line=node.start_mark.line + 1,
+            ) from None
+
+    def _mapping(self, node: MappingNode, key_path: KeyPath, depth: int) -> dict[str, Any]:
+        doc = self.doc
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
@@ -174,21 +202,8 @@ def _build(node: Node, key_path: KeyPath, doc: YamlDocument, depth: int) -> Any:
                     hint="each key may appear once per mapping; remove one",
                 )
             doc.lines[(*key_path, key)] = line
-            result[key] = _build(value_node, (*key_path, key), doc, depth + 1)
+            result[key] = self.build(value_node, (*key_path, key), depth + 1)
         return result
-    if isinstance(node, SequenceNode):
-        return [_build(item, (*key_path, i), doc, depth + 1) for i, item in enumerate(node.value)]
-    assert isinstance(node, ScalarNode)
-    constructor = yaml.SafeLoader("")
-    try:
-        return constructor.construct_object(node)
-    except yaml.YAMLError as exc:
-        raise StackError(
-            f"invalid value: {exc}",
-            file=doc.path,
-            key=_dotted(key_path),
-            line=node.start_mark.line + 1,
-        ) from None
 
 
 def _dotted(key_path: KeyPath) -> str:
