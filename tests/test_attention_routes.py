@@ -21,7 +21,8 @@ from builder.spec.jitmodules import jit_modules_known
 from builder.spec.manifest import OPTIONAL_MODEL_FACTS, Model, Speculative
 from builder.spec.resolve import jit_module_table, resolve
 from builder.spec.serve import serve_argv
-from builder.spec.servepath import COMMAND_OPTIONS, attention_backend_option
+from builder.spec.serveflags import command_options
+from builder.spec.vllm_argv import attention_backend_option
 from tests.conftest import STACKS
 
 # FlashInfer's get_batch_prefill_uri (flashinfer/jit/attention/modules.py, 0.6.5 and
@@ -110,7 +111,7 @@ def test_show_prints_the_serve_path(run_cli: Callable[..., Result]) -> None:
     derived = json.loads(result.output)["derived"]
     assert derived["jit_modules"] == ["sampling", FA2_D64_E4M3]
     assert derived["serve_path"]["flashinfer_modules"] == ["sampling", FA2_D64_E4M3]
-    assert derived["serve_path"]["attention_backend_from"] == "--attention-backend FLASHINFER"
+    assert derived["serve_path"]["attention_backend_from"] == "serve.attention_backend FLASHINFER"
 
 
 def test_the_serve_path_stays_out_of_the_image_identity() -> None:
@@ -275,7 +276,7 @@ def test_an_explicit_flash_attn_backend_selects_no_attention_module(
         write_stack,
         "fa",
         "vllm-0.22-sm90-fp8kv",
-        serve={"extra_args": ["--attention-backend", "FLASH_ATTN"]},
+        serve={"attention_backend": "FLASH_ATTN"},
     )
     assert resolve("fa", stacks_dir).jit_modules == ("sampling",)
 
@@ -481,41 +482,56 @@ def test_every_option_the_serve_command_passes_is_refused_in_extra_args() -> Non
     )
     full = replace(stack, manifest=stack.manifest.model_copy(update={"serve": serve}))
     passed = {arg for arg in serve_argv(full) if arg.startswith("-")}
-    assert passed - set(COMMAND_OPTIONS["vllm"]) == set()
+    assert passed - set(command_options("vllm")) == set()
     ci = resolve("ci-mini", STACKS)
     assert {a for a in serve_argv(ci) if a.startswith("-")} - set(
-        COMMAND_OPTIONS["transformers"]
+        command_options("transformers")
     ) == set()
 
 
-def test_the_last_attention_backend_wins_as_in_vllms_parser(
-    write_stack: Callable[..., Path], stacks_dir: Path
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--attention-backend", "FLASHINFER"],
+        ["--attention_backend=FLASH_ATTN"],
+        ["--attention-b", "FLASHINFER"],
+        ["-ac", '{"backend": "flashinfer"}'],
+        ["--attention-config.backend", "FLASHINFER"],
+    ],
+)
+def test_an_attention_backend_in_extra_args_is_refused_for_the_typed_setting(
+    args: list[str], write_stack: Callable[..., Path], stacks_dir: Path
 ) -> None:
-    args = ["--attention-backend", "FLASHINFER", "--attention-backend", "FLASH_ATTN"]
-    _extra_args(write_stack, "last", "vllm-0.22-sm90-fp8kv", *args)
-    path = resolve("last", stacks_dir).serve_path
-    assert path is not None
-    assert (path.attention_backend, path.backend_from) == (
-        "FLASH_ATTN",
-        "--attention-backend FLASH_ATTN",
-    )
-    assert resolve("last", stacks_dir).jit_modules == ("sampling",)
+    """serve.attention_backend names it, typed; any spelling vLLM's parser takes is refused."""
+    _extra_args(write_stack, "named", "vllm-0.22-sm90-fp8kv", *args)
+    with pytest.raises(StackError) as caught:
+        resolve("named", stacks_dir)
+    assert caught.value.key == "serve.extra_args[1]"
+    assert "serve.attention_backend" in str(caught.value.hint)
 
 
-def test_the_backend_says_which_option_named_it(
+def test_an_attention_config_without_a_backend_is_left_alone(
     write_stack: Callable[..., Path], stacks_dir: Path
 ) -> None:
-    _extra_args(write_stack, "ac", "vllm-0.22-sm90-fp8kv", "-ac", '{"backend": "flashinfer"}')
-    stack = resolve("ac", stacks_dir)
+    _extra_args(write_stack, "fa-v2", "vllm-0.22-sm90", "-ac", '{"flash_attn_version": 2}')
+    assert resolve("fa-v2", stacks_dir).serve_path is not None
+
+
+def test_the_backend_says_which_setting_named_it(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    _child(write_stack, "typed", "vllm-0.22-sm90-fp8kv", serve={"attention_backend": "flashinfer"})
+    stack = resolve("typed", stacks_dir)
     assert stack.serve_path is not None
-    assert stack.serve_path.backend_from == '-ac {"backend": "flashinfer"}'
+    assert stack.serve_path.backend_from == "serve.attention_backend flashinfer"
     assert stack.jit_modules == ("sampling", FA2_D64_E4M3)
+    assert serve_argv(stack)[-2:] == ["--attention-backend", "flashinfer"]
 
 
 def test_an_auto_backend_leaves_the_choice_to_the_route(
     write_stack: Callable[..., Path], stacks_dir: Path
 ) -> None:
-    """`--attention-backend auto` is vLLM's own choice, not a backend named AUTO."""
+    """`auto` is vLLM's own choice, not a backend named AUTO."""
     write_stack(
         "auto",
         {
@@ -524,7 +540,7 @@ def test_an_auto_backend_leaves_the_choice_to_the_route(
                 "kv_cache_dtype": "fp8",
                 "dtype": "bfloat16",
                 "model": {"head_dim": 128},
-                "extra_args": ["--attention-backend", "auto"],
+                "attention_backend": "auto",
             },
         },
     )
@@ -536,13 +552,11 @@ def test_an_auto_backend_leaves_the_choice_to_the_route(
 @pytest.mark.parametrize(
     "args, index, says",
     [
-        (["--attention-backend", "--enforce-eager"], 1, "followed by the option --enforce-eager"),
-        (["--attention-backend"], 1, "followed by nothing"),
-        (["--attention-backend="], 1, "followed by nothing"),
-        (["--attention-config.backend", "--enforce-eager"], 1, "followed by the option"),
+        (["--attention-backend", "--enforce-eager"], 1, "passes --attention-backend itself"),
+        (["--attention-config.backend", "--disable-log-stats"], 1, "followed by the option"),
+        (["--attention-config.backend"], 1, "followed by nothing"),
         (["-ac", "flashinfer"], 1, "is not a JSON object"),
         (["--attention-config", "[1]"], 1, "is not a JSON object"),
-        (["--attention-backend", "FLASHINFER", "-ac", '{"backend": "FLASH_ATTN"}'], 1, "both"),
     ],
 )
 def test_an_attention_backend_vllm_would_refuse_is_exit_2(

@@ -33,6 +33,7 @@ from builder.hosts.hostcheck import Finding
 from builder.image.hostprobe import Probe
 from builder.spec.knowledge import locate, parse_document, read_knowledge
 from builder.spec.strict import Strict
+from builder.spec.vllm_argv import has_flag, last_value
 from builder.spec.yamlsafe import YamlDocument
 
 KNOWLEDGE_FILE = "pcie_p2p.yaml"
@@ -151,26 +152,25 @@ def serve_of(
         pipeline_parallel=_parallel_size(argv, PP_FLAGS, origin),
         gpus=None if gpus is None else tuple(gpus),
         nccl_p2p_disabled=env.get(P2P_DISABLE, "").strip() == "1",
-        custom_all_reduce_disabled=NO_CUSTOM_ALL_REDUCE in argv,
+        custom_all_reduce_disabled=has_flag(argv, NO_CUSTOM_ALL_REDUCE),
     )
 
 
 def _parallel_size(argv: Sequence[str], flags: tuple[str, ...], origin: ArgvOrigin) -> int:
-    value: str | None = None
-    flag, at = flags[0], 0
-    for index, word in enumerate(argv):
-        for name in flags:
-            if word == name and index + 1 < len(argv):
-                value, flag, at = argv[index + 1], name, index + 1
-            elif word.startswith(name + "="):
-                value, flag, at = word.split("=", 1)[1], name, index
-    if value is None:
+    """The size vLLM's parser keeps (spec/vllm_argv: the last given, any spelling it takes)."""
+    flag = flags[0]
+    try:
+        found = last_value(argv, flag, flags[1:])
+    except ValueError:
+        found = None  # a dangling option: vLLM refuses it at start; 1 is what would run
+    if found is None:
         return 1
+    value = found.value
     # str.isdigit() is true for "²" and other digits int() refuses: ASCII digits only.
     if not (value.isascii() and value.isdigit()) or int(value) < 1:
         raise origin.error(
-            at,
-            f"{flag} {value!r} is not a number of GPUs",
+            found.index,
+            f"{found.spelled} {value!r} is not a number of GPUs",
             hint=f"the serve command needs {flag} N with N >= 1",
         )
     return int(value)

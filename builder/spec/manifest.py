@@ -51,6 +51,11 @@ WheelPath = Annotated[
 #: FlashInfer spells attention modules by every template parameter (172 characters for a
 #: paged prefill); a directory name allows 255.
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+$", max_length=255)]
+#: The GPU targets a stack can name (knowledge/arch.yaml spells each for every consumer).
+GpuName = Literal["sm90", "sm120", "sm121"]
+#: vLLM's --kv-cache-dtype choices this project knows (its CacheDType); the one definition the
+#: manifest and the attention routes (knowledge/attention_routes.yaml) share.
+KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 
 
 def _exact_version(value: str) -> str:
@@ -256,11 +261,14 @@ class Serve(Strict):
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     max_model_len: int | None = Field(default=None, ge=1)
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] | None = None
+    kv_cache_dtype: KvCacheDtype | None = None
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     dtype: Literal["auto", "bfloat16", "float16"] | None = None
     enforce_eager: bool = False
     speculative: Speculative | None = None
+    #: vLLM's --attention-backend (AttentionBackendEnum, which it looks up upper-cased); None or
+    #: auto: vLLM picks (knowledge/attention_routes.yaml says what it picks and why).
+    attention_backend: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+$")] | None = None
     extra_args: list[ServeArg] = Field(default_factory=list)
     shm_size: Annotated[str, StringConstraints(pattern=r"^[0-9]+[kmg]?$")] = "16g"
 
@@ -325,7 +333,7 @@ class Manifest(Strict):
     extends: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]*$")] | None = None
     status: Literal["experimental", "working", "known-bad", "ci"] = "experimental"
     platform: Literal["linux/amd64", "linux/arm64"] = "linux/amd64"
-    gpus: list[Literal["sm90", "sm120", "sm121"]] = Field(min_length=1)
+    gpus: list[GpuName] = Field(min_length=1)
     cuda: ExactVersion
     #: Driver of the serving hosts, where known; checked against the CUDA minimum.
     host_driver: ExactVersion | None = None

@@ -5,41 +5,16 @@ The Dockerfile's CMD, a host's pin and the smoke server all start the same argv:
 
 from __future__ import annotations
 
-from typing import Any
-
-from builder.spec.resolve import ResolvedStack, canonical_json
+from builder.spec.resolve import ResolvedStack
+from builder.spec.serveflags import SERVE_FLAGS
 
 
 def serve_argv(stack: ResolvedStack) -> list[str]:
-    """The serve command as an argv list (exec form: no shell ever parses it)."""
+    """The serve command as an argv list (exec form: no shell ever parses it), each typed serve
+    setting rendered by its row of spec/serveflags.SERVE_FLAGS, serve.extra_args last."""
     serve = stack.manifest.serve
-    if serve.engine == "transformers":
-        argv = [
-            "transformers",
-            "serve",
-            serve.model.id,
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(serve.port),
-        ]
-        return argv + list(serve.extra_args)
-    argv = ["vllm", "serve", serve.model.id, "--host", "0.0.0.0", "--port", str(serve.port)]
-    options: list[tuple[str, Any]] = [
-        ("--served-model-name", serve.served_model_name),
-        ("--moe-backend", serve.moe_backend),
-        ("--tensor-parallel-size", serve.tensor_parallel_size),
-        ("--pipeline-parallel-size", serve.pipeline_parallel_size),
-        ("--max-model-len", serve.max_model_len),
-        ("--kv-cache-dtype", serve.kv_cache_dtype),
-        ("--gpu-memory-utilization", serve.gpu_memory_utilization),
-        ("--dtype", serve.dtype),
-    ]
-    for flag, value in options:
-        if value is not None and not (flag.endswith("parallel-size") and value == 1):
-            argv += [flag, str(value)]
-    if serve.enforce_eager:
-        argv.append("--enforce-eager")
-    if serve.speculative is not None:
-        argv += ["--speculative-config", canonical_json(serve.speculative.model_dump())]
+    argv = [serve.engine, "serve", serve.model.id, "--host", "0.0.0.0"]
+    for flag in SERVE_FLAGS:
+        if serve.engine in flag.engines:
+            argv += flag.render(serve)
     return argv + list(serve.extra_args)

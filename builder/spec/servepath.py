@@ -13,8 +13,6 @@ spells them, or the cache would miss.
 from __future__ import annotations
 
 import itertools
-import json
-from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, Literal, get_args
@@ -26,56 +24,23 @@ from pydantic import Field, StringConstraints
 from builder.errors import StackError
 from builder.spec.jitmodules import ArgValue, Specifier, jit_modules_known
 from builder.spec.knowledge import error_at, parse_document, read_knowledge
-from builder.spec.manifest import Manifest
+from builder.spec.manifest import GpuName, KvCacheDtype, Manifest
+from builder.spec.serveflags import command_options
 from builder.spec.strict import Strict
+from builder.spec.vllm_argv import (
+    VLLM_OPTIONS,
+    BackendOption,
+    ExtraArgError,
+    attention_backend_option,
+    expand,
+    option_of,
+)
 from builder.spec.yamlsafe import YamlDocument
 
 ROUTES_FILE = "attention_routes.yaml"
 FLASHINFER = "FLASHINFER"
-GpuName = Literal["sm90", "sm120", "sm121"]
-KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 BackendName = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9_]+$")]
 TorchDtype = Annotated[str, StringConstraints(pattern=r"^torch\.[a-z0-9_]+$")]
-#: The options that name vLLM's attention backend (vllm/engine/arg_utils.py): the backend itself,
-#: and the attention config whose `backend` key names it (a JSON object, or `--attention-config.KEY
-#: VALUE` one key at a time).
-BACKEND_OPTION = "--attention-backend"
-CONFIG_OPTIONS = ("--attention-config", "-ac")
-_SET_IT = "use {} (and drop the option from serve.extra_args)"
-#: Options the serve command already passes (builder/spec/serve.py serve_argv), each from a typed
-#: serve setting, with what to do instead. One repeated in serve.extra_args reaches the server
-#: twice, and argparse keeps the last: the server would run with the extra argument while `check`
-#: (the rules, the serve path derived here) reads the typed setting.
-COMMAND_OPTIONS: dict[str, dict[str, str]] = {
-    "transformers": {
-        "--host": "the serve command listens on 0.0.0.0; choose the address where the port is "
-        "published",
-        "--port": _SET_IT.format("serve.port"),
-    },
-}
-COMMAND_OPTIONS["vllm"] = {
-    **COMMAND_OPTIONS["transformers"],
-    "--model": _SET_IT.format("serve.model.id"),
-    "--served-model-name": _SET_IT.format("serve.served_model_name"),
-    "--moe-backend": _SET_IT.format("serve.moe_backend"),
-    "--tensor-parallel-size": _SET_IT.format("serve.tensor_parallel_size"),
-    "-tp": _SET_IT.format("serve.tensor_parallel_size"),
-    "--pipeline-parallel-size": _SET_IT.format("serve.pipeline_parallel_size"),
-    "-pp": _SET_IT.format("serve.pipeline_parallel_size"),
-    "--max-model-len": _SET_IT.format("serve.max_model_len"),
-    "--kv-cache-dtype": _SET_IT.format("serve.kv_cache_dtype"),
-    "--gpu-memory-utilization": _SET_IT.format("serve.gpu_memory_utilization"),
-    "--dtype": _SET_IT.format("serve.dtype"),
-    "--enforce-eager": _SET_IT.format("serve.enforce_eager"),
-    "--no-enforce-eager": _SET_IT.format("serve.enforce_eager"),
-    "--speculative-config": _SET_IT.format("serve.speculative"),
-    "-sc": _SET_IT.format("serve.speculative"),
-    # vLLM 0.33's shorthands for keys of --speculative-config (create_speculative_config).
-    "--spec-method": _SET_IT.format("serve.speculative.method"),
-    "--spec-tokens": _SET_IT.format("serve.speculative.num_speculative_tokens"),
-}
-#: Every option of vLLM's this module reads, to tell what an abbreviation stands for.
-_VLLM_OPTIONS = (*COMMAND_OPTIONS["vllm"], BACKEND_OPTION, *CONFIG_OPTIONS)
 #: The stack facts a route parameter can name, "{fact}" (see _Facts.values).
 FACTS = ("dtype", "kv_dtype", "head_dim", "sliding_window", "logits_soft_cap")
 
@@ -205,18 +170,18 @@ class NoRoute(StackError):
 
 def check_serve_args(manifest: Manifest, docs: list[YamlDocument]) -> None:
     """Refuse what in serve.extra_args would make the server differ from what `check` reads: an
-    option the serve command already passes from a typed serve setting (COMMAND_OPTIONS), and an
-    attention backend vLLM would refuse to start with."""
+    option the serve command already passes from a typed serve setting (serveflags.SERVE_FLAGS),
+    read with vLLM's parser's rules (vllm_argv), and an attention backend named there at all
+    (serve.attention_backend names it, typed)."""
     serve = manifest.serve
-    if serve.engine == "vllm":
-        _backend_option(manifest, docs)
-    options = COMMAND_OPTIONS[serve.engine]
+    options = command_options(serve.engine)
+    known = VLLM_OPTIONS if serve.engine == "vllm" else tuple(options)
     for index, arg in enumerate(serve.extra_args):
-        parsed = _option(arg)
+        parsed = option_of(arg)
         if parsed is None:
             continue
         spelled = parsed[0].partition(".")[0]
-        option = _expand(spelled, _VLLM_OPTIONS if serve.engine == "vllm" else options)
+        option = expand(spelled, known)
         if option not in options:
             continue
         abbreviated = (
@@ -228,11 +193,21 @@ def check_serve_args(manifest: Manifest, docs: list[YamlDocument]) -> None:
             docs,
             ("serve", "extra_args", index),
             f"{arg}: the serve command passes {option} itself, from the typed serve settings "
-            f"(builder/spec/serve.py){abbreviated}; the server would run with whichever comes "
-            "last, while check (its rules, the FlashInfer modules derived for the serve path) "
-            "reads only the typed setting",
+            f"(builder/spec/serveflags.py){abbreviated}; the server would run with whichever "
+            "comes last, while check (its rules, the FlashInfer modules derived for the serve "
+            "path) reads only the typed setting",
             options[option],
         )
+    if serve.engine == "vllm":
+        named = _extra_args_backend(manifest, docs)
+        if named is not None:
+            raise error_at(
+                docs,
+                ("serve", "extra_args", named.index),
+                f"{named.spelled}: the attention backend is a typed serve setting",
+                f"write serve.attention_backend: {named.backend} (and drop it from "
+                "serve.extra_args)",
+            )
 
 
 def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath | None:
@@ -260,7 +235,7 @@ def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath
         )
         raise NoRoute(found.message, found.file, found.key, found.line, found.hint)
     kv_cache_dtype = _kv_cache_dtype(manifest, version)
-    option = _backend_option(manifest, docs)
+    option = _backend_option(manifest)
     backend, backend_from = _backend(manifest, version, kv_cache_dtype, option)
     sampler = _sampler_on(manifest, version, routes, docs)
     modules: list[str] = list(routes.sampler.modules) if sampler else []
@@ -297,147 +272,7 @@ def _kv_cache_dtype(manifest: Manifest, version: _Version) -> KvCacheDtype:
     return asked
 
 
-@dataclass(frozen=True)
-class BackendOption:
-    """The attention backend serve.extra_args name, as vLLM will run it."""
-
-    #: Upper-cased, as vLLM looks it up (AttentionBackendEnum[value.upper()]).
-    backend: str
-    #: The argument of serve.extra_args that names it.
-    index: int
-    #: That argument as the manifest spells it, with its value: where the backend comes from.
-    spelled: str
-
-
-class ExtraArgError(ValueError):
-    """An argument of serve.extra_args vLLM would refuse at start, with its index there."""
-
-    def __init__(self, index: int, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.index, self.message, self.hint = index, message, hint
-
-
-def attention_backend_option(args: list[str]) -> BackendOption | None:
-    """The attention backend serve.extra_args name, read as vLLM's parser reads them (read in
-    0.22.1 and 0.33.0: vllm/utils/argparse_utils.py FlexibleArgumentParser, engine/arg_utils.py
-    create_engine_config); None where they name none, or `auto` (vLLM then picks, as with none).
-
-    `--attention-backend X` and `--attention-config '{"backend": "X"}'` (`-ac`), `=` or a
-    separate value, underscores for dashes, any unambiguous prefix of the option; each is stored
-    by argparse, so the last occurrence wins. `--attention-config.KEY VALUE` arguments are merged
-    into one object per spelling and passed after all others, so such an object replaces any JSON
-    one, its own `backend` key or not. vLLM refuses to start with both a backend and a config
-    that names one, with a value that is missing or another option, and with a config that is
-    not a JSON object: so does this (ExtraArgError)."""
-    backend: tuple[str | None, int] | None = None  # the last --attention-backend
-    configs: list[tuple[str | None, int]] = []  # each config's backend, in vLLM's order
-    dotted: dict[str, tuple[str | None, int]] = {}
-    for index, arg in enumerate(args):
-        parsed = _option(arg)
-        if parsed is None:
-            continue
-        name, value = parsed
-        spelled, _, key = name.partition(".")
-        option = _expand(spelled, _VLLM_OPTIONS)
-        if option not in CONFIG_OPTIONS and (option != BACKEND_OPTION or key):
-            continue
-        value = _value(args, index, value, option)
-        if key == "backend":
-            dotted[spelled] = (_json_text(value), index)
-        elif key:
-            dotted.setdefault(spelled, (None, index))
-        elif option == BACKEND_OPTION:
-            backend = (None if value == "None" else value, index)  # optional_type(str)
-        else:
-            configs.append((_config_backend(value, index), index))
-    configs += dotted.values()
-    config = configs[-1] if configs else None  # the one vLLM runs with: the last
-    if config is not None and (config[0] is None or config[0].lower() == "auto"):
-        config = None  # names no backend (auto: vLLM picks)
-    chosen = config
-    if backend is not None and backend[0] is not None:
-        if config is not None:
-            raise ExtraArgError(
-                backend[1],
-                f"{args[config[1]]} names the attention backend too: vLLM refuses to start "
-                "with both (attention_backend and attention_config.backend are mutually "
-                "exclusive)",
-                "name the backend once",
-            )
-        chosen = backend
-    if chosen is None or chosen[0] is None or chosen[0].lower() == "auto":
-        return None
-    index = chosen[1]
-    written = args[index] if "=" in args[index] else " ".join(args[index : index + 2])
-    return BackendOption(chosen[0].upper(), index, written)
-
-
-def _option(arg: str) -> tuple[str, str | None] | None:
-    """An argument as vLLM's parser names an option: underscores before the first `.` read as
-    dashes (FlexibleArgumentParser.parse_args), and the value after `=`; None for a value."""
-    if not arg.startswith("-"):
-        return None
-    name, has_value, value = arg.partition("=")
-    if name.startswith("--"):
-        head, dot, rest = name.partition(".")
-        name = head.replace("_", "-") + dot + rest
-    return name, (value if has_value else None)
-
-
-def _expand(spelled: str, options: Collection[str]) -> str | None:
-    """The option of these that `spelled` names: itself, or the only one a long option's prefix
-    abbreviates (argparse's allow_abbrev, on in vLLM's parser). No option of vLLM's is a prefix of
-    one of these, so an exact name of vLLM's never reads as one of them."""
-    if spelled in options:
-        return spelled
-    if spelled.startswith("--") and len(spelled) > 2:
-        found = [option for option in options if option.startswith(spelled)]
-        if len(found) == 1:
-            return found[0]
-    return None
-
-
-def _value(args: list[str], index: int, value: str | None, option: str) -> str:
-    """The value an option at args[index] takes: after `=`, or the next argument."""
-    if value is None and index + 1 < len(args):
-        value = args[index + 1]
-    if not value or value.startswith("-"):
-        got = "nothing" if not value else f"the option {value}"
-        raise ExtraArgError(
-            index,
-            f"{args[index]} takes a value (the backend or config) and is followed by {got}: "
-            "vLLM refuses to start",
-            f"write {option} VALUE",
-        )
-    return value
-
-
-def _json_text(value: str) -> str | None:
-    """A dotted option's value as vLLM reads it: JSON where it parses, else the text."""
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError:
-        return value
-    return parsed if isinstance(parsed, str) else None
-
-
-def _config_backend(value: str, index: int) -> str | None:
-    """The backend an --attention-config JSON object names; None where it names none."""
-    try:
-        config = json.loads(value)
-    except json.JSONDecodeError:
-        config = None
-    if not isinstance(config, dict):
-        raise ExtraArgError(
-            index,
-            f"{value} is not a JSON object: vLLM's --attention-config refuses it at start",
-            """write it as '{"backend": "FLASHINFER"}', or use --attention-backend NAME""",
-        )
-    backend = config.get("backend")
-    return backend if isinstance(backend, str) else None
-
-
-def _backend_option(manifest: Manifest, docs: list[YamlDocument]) -> BackendOption | None:
+def _extra_args_backend(manifest: Manifest, docs: list[YamlDocument]) -> BackendOption | None:
     """attention_backend_option over the stack's serve.extra_args, its errors located there."""
     try:
         return attention_backend_option(manifest.serve.extra_args)
@@ -445,11 +280,20 @@ def _backend_option(manifest: Manifest, docs: list[YamlDocument]) -> BackendOpti
         raise error_at(docs, ("serve", "extra_args", exc.index), exc.message, exc.hint) from None
 
 
+def _backend_option(manifest: Manifest) -> BackendOption | None:
+    """The backend serve.attention_backend names, as vLLM runs it (upper-cased); None or auto:
+    vLLM picks."""
+    named = manifest.serve.attention_backend
+    if named is None or named.lower() == "auto":
+        return None
+    return BackendOption(named.upper(), -1, f"serve.attention_backend {named}")
+
+
 def _backend_key(manifest: Manifest, option: BackendOption | None) -> tuple[str | int, ...]:
     """The manifest key that sent the stack to its attention backend."""
     serve = manifest.serve
     if option is not None:
-        return ("serve", "extra_args", option.index)
+        return ("serve", "attention_backend")
     if serve.kv_cache_dtype in (None, "auto") and serve.model.checkpoint_kv_cache_dtype:
         return ("serve", "model", "checkpoint_kv_cache_dtype")
     return ("serve", "kv_cache_dtype")

@@ -1,0 +1,228 @@
+"""One reader of vLLM's command line, with the rules of vLLM's own parser.
+
+vLLM's `FlexibleArgumentParser` (vllm/utils/argparse_utils.py, read in 0.22.1 and 0.33.0) is an
+argparse parser: an option's value follows it or comes after `=`, underscores read as dashes,
+any unambiguous prefix of a long option is the option (allow_abbrev), and an option given twice
+keeps its last value. Everything in this project that reads a serve argv (the checks of
+serve.extra_args, the attention backend the serve path derives from, the parallel sizes
+`doctor` and the warm-cache key read from a pin's command) reads it here, so no two of them can
+read one argv two ways.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from builder.spec.serveflags import ATTENTION_CONFIG_OPTIONS, BACKEND_OPTION, vllm_options
+
+#: Every option of vLLM's this project reads, to tell what an abbreviation stands for.
+VLLM_OPTIONS = vllm_options()
+CONFIG_OPTIONS = ATTENTION_CONFIG_OPTIONS
+#: argparse's _negative_number_matcher.
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+@dataclass(frozen=True)
+class OptionValue:
+    """The value an argv gives an option, where argparse would take it from."""
+
+    value: str
+    #: The index of the argument that holds the value (the option's own, with `=`).
+    index: int
+    #: The option as the argv spells it (an abbreviation, underscores).
+    spelled: str
+
+
+def last_value(
+    args: Sequence[str], option: str, aliases: Collection[str] = ()
+) -> OptionValue | None:
+    """The value argparse keeps for option (or its short aliases): the last one given; None
+    when the argv does not give it. A given option without a value is a ValueError."""
+    names = {option, *aliases}
+    found: OptionValue | None = None
+    for index, arg in enumerate(args):
+        parsed = option_of(arg)
+        if parsed is None:
+            continue
+        name, value = parsed
+        if name in names or expand(name, VLLM_OPTIONS) == option:
+            if value is None:
+                if index + 1 >= len(args) or _is_option(args[index + 1]):
+                    raise ValueError(f"{arg} takes a value")
+                found = OptionValue(args[index + 1], index + 1, name)
+            else:
+                found = OptionValue(value, index, name)
+    return found
+
+
+def _is_option(arg: str) -> bool:
+    """argparse's test: a word starting with `-` is an option unless it looks like a negative
+    number (the parser has no option that does), which it takes as a value."""
+    return arg.startswith("-") and NEGATIVE_NUMBER.match(arg) is None
+
+
+def has_flag(args: Sequence[str], flag: str) -> bool:
+    """Whether the argv sets a store_true flag (spelled in full, abbreviated or underscored)."""
+    for arg in args:
+        parsed = option_of(arg)
+        if parsed is not None and parsed[1] is None and expand(parsed[0], VLLM_OPTIONS) == flag:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class BackendOption:
+    """The attention backend serve.extra_args name, as vLLM will run it."""
+
+    #: Upper-cased, as vLLM looks it up (AttentionBackendEnum[value.upper()]).
+    backend: str
+    #: The argument of serve.extra_args that names it.
+    index: int
+    #: That argument as the manifest spells it, with its value: where the backend comes from.
+    spelled: str
+
+
+class ExtraArgError(ValueError):
+    """An argument of serve.extra_args vLLM would refuse at start, with its index there."""
+
+    def __init__(self, index: int, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.index, self.message, self.hint = index, message, hint
+
+
+def attention_backend_option(args: Sequence[str]) -> BackendOption | None:
+    """The attention backend serve.extra_args name, read as vLLM's parser reads them (read in
+    0.22.1 and 0.33.0: vllm/utils/argparse_utils.py FlexibleArgumentParser, engine/arg_utils.py
+    create_engine_config); None where they name none, or `auto` (vLLM then picks, as with none).
+
+    `--attention-backend X` and `--attention-config '{"backend": "X"}'` (`-ac`), `=` or a
+    separate value, underscores for dashes, any unambiguous prefix of the option; each is stored
+    by argparse, so the last occurrence wins. `--attention-config.KEY VALUE` arguments are merged
+    into one object per spelling and passed after all others, so such an object replaces any JSON
+    one, its own `backend` key or not. vLLM refuses to start with both a backend and a config
+    that names one, with a value that is missing or another option, and with a config that is
+    not a JSON object: so does this (ExtraArgError)."""
+    backend: tuple[str | None, int] | None = None  # the last --attention-backend
+    configs: list[tuple[str | None, int]] = []  # each config's backend, in vLLM's order
+    dotted: dict[str, tuple[str | None, int]] = {}
+    for index, arg in enumerate(args):
+        parsed = option_of(arg)
+        if parsed is None:
+            continue
+        name, value = parsed
+        spelled, _, key = name.partition(".")
+        option = expand(spelled, VLLM_OPTIONS)
+        if option not in CONFIG_OPTIONS and (option != BACKEND_OPTION or key):
+            continue
+        value = value_of(args, index, value, option)
+        if key == "backend":
+            dotted[spelled] = (_json_text(value), index)
+        elif key:
+            dotted.setdefault(spelled, (None, index))
+        elif option == BACKEND_OPTION:
+            backend = (None if value == "None" else value, index)  # optional_type(str)
+        else:
+            configs.append((_config_backend(value, index), index))
+    configs += dotted.values()
+    config = configs[-1] if configs else None  # the one vLLM runs with: the last
+    if config is not None and (config[0] is None or config[0].lower() == "auto"):
+        config = None  # names no backend (auto: vLLM picks)
+    chosen = config
+    if backend is not None and backend[0] is not None:
+        if config is not None:
+            raise ExtraArgError(
+                backend[1],
+                f"{args[config[1]]} names the attention backend too: vLLM refuses to start "
+                "with both (attention_backend and attention_config.backend are mutually "
+                "exclusive)",
+                "name the backend once",
+            )
+        chosen = backend
+    if chosen is None or chosen[0] is None or chosen[0].lower() == "auto":
+        return None
+    index = chosen[1]
+    written = args[index] if "=" in args[index] else " ".join(args[index : index + 2])
+    return BackendOption(chosen[0].upper(), index, written)
+
+
+def option_of(arg: str) -> tuple[str, str | None] | None:
+    """An argument as vLLM's parser names an option: underscores before the first `.` read as
+    dashes (FlexibleArgumentParser.parse_args), and the value after `=`; None for a value."""
+    if not arg.startswith("-"):
+        return None
+    name, has_value, value = arg.partition("=")
+    if name.startswith("--"):
+        head, dot, rest = name.partition(".")
+        name = head.replace("_", "-") + dot + rest
+    return name, (value if has_value else None)
+
+
+def expand(spelled: str, options: Collection[str]) -> str | None:
+    """The option of these that `spelled` names: itself, or the only one a long option's prefix
+    abbreviates (argparse's allow_abbrev, on in vLLM's parser). No option of vLLM's is a prefix of
+    one of these, so an exact name of vLLM's never reads as one of them."""
+    if spelled in options:
+        return spelled
+    if spelled.startswith("--") and len(spelled) > 2:
+        found = [option for option in options if option.startswith(spelled)]
+        if len(found) == 1:
+            return found[0]
+    return None
+
+
+def value_of(args: Sequence[str], index: int, value: str | None, option: str) -> str:
+    """The value an option at args[index] takes: after `=`, or the next argument; an option
+    with none (the end, or another option next) is refused, as vLLM's parser refuses it."""
+    if value is None and index + 1 < len(args):
+        value = args[index + 1]
+    if not value or _is_option(value):
+        got = "nothing" if not value else f"the option {value}"
+        raise ExtraArgError(
+            index,
+            f"{args[index]} takes a value and is followed by {got}: vLLM refuses to start",
+            f"write {option} VALUE",
+        )
+    return value
+
+
+def _json_text(value: str) -> str | None:
+    """A dotted option's value as vLLM reads it: JSON where it parses, else the text."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return value
+    return parsed if isinstance(parsed, str) else None
+
+
+def _config_backend(value: str, index: int) -> str | None:
+    """The backend an --attention-config JSON object names; None where it names none."""
+    try:
+        config = json.loads(value)
+    except json.JSONDecodeError:
+        config = None
+    if not isinstance(config, dict):
+        raise ExtraArgError(
+            index,
+            f"{value} is not a JSON object: vLLM's --attention-config refuses it at start",
+            """write it as '{"backend": "FLASHINFER"}', or use --attention-backend NAME""",
+        )
+    backend = config.get("backend")
+    return backend if isinstance(backend, str) else None
+
+
+__all__ = [
+    "CONFIG_OPTIONS",
+    "VLLM_OPTIONS",
+    "BackendOption",
+    "ExtraArgError",
+    "OptionValue",
+    "attention_backend_option",
+    "expand",
+    "has_flag",
+    "last_value",
+    "option_of",
+    "value_of",
+]
