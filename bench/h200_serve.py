@@ -11,10 +11,24 @@ package; the model at the image's /models path.
 
     python3 bench/h200_serve.py unpack PART_DIR...          # concatenates and extracts parts
     python3 bench/h200_serve.py serve NAME [--no-fi-cache] [--eager] [--fresh-caches] [--jobs N]
+        [--attention-backend NAME] [--env KEY=VALUE]... [--cuda-cache] [--fresh-cuda-cache]
+        [--keep-fi-workspace]
 
 Each `serve` starts the server, waits for /health, times one streamed request (seconds from
 start to the first token), runs `sm120-stacks smoke STACK --url ... --server-log LOG`, stops the
-server, and writes NAME.log, NAME-smoke.json and a line in summary.jsonl under /tmp/sm90/results.
+server, and writes NAME.log, NAME-smoke.json and a line in summary.jsonl under $H200_ROOT/results
+(H200_ROOT: /tmp/sm90 by default).
+
+For a stack whose lock moves torch past the machine's own (vLLM 0.33: torch 2.14.0), the site
+tree carries torch, and `unpack` links the machine's CUDA library wheels (site-packages/nvidia/*,
+which torch finds beside itself) into the site tree, unless the bundle carries one of them
+(bench/prepare_h200_vllm033.sh).
+
+--attention-backend appends vLLM's option to the stack's command (and is recorded); --env sets
+a variable for the server only. --cuda-cache points the CUDA driver's JIT cache
+(CUDA_CACHE_PATH) at $H200_ROOT/caches/cuda, --fresh-cuda-cache empties it first; the summary
+line records its size and file count before and after the start. --keep-fi-workspace leaves
+FlashInfer's workspace as the last start left it (what that start compiled stays).
 """
 
 from __future__ import annotations
@@ -31,7 +45,7 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path("/tmp/sm90")
+ROOT = Path(os.environ.get("H200_ROOT", "/tmp/sm90"))
 SITE = ROOT / "site"
 BUNDLE = ROOT / "bundle"
 CACHES = ROOT / "caches"
@@ -59,14 +73,39 @@ def unpack(parts: list[str]) -> int:
         with tarfile.open(archive) as tar:
             tar.extractall(target, filter="tar")
         print(f"unpacked {archive.name} -> {target} in {time.monotonic() - started:.1f} s")
+    _link_machine_nvidia()
     return 0
 
 
-def _place_flashinfer(spec: dict[str, object], with_cache: bool) -> None:
+def _link_machine_nvidia() -> None:
+    """Torch in the site tree looks for its CUDA libraries in site/nvidia (RUNPATH
+    $ORIGIN/../../nvidia/...): link in each of the machine's that the bundle does not carry."""
+    if not (SITE / "torch").is_dir():
+        return
+    import sysconfig
+
+    machine = Path(sysconfig.get_paths()["purelib"]) / "nvidia"
+    if not machine.is_dir():
+        return
+    ours = SITE / "nvidia"
+    ours.mkdir(exist_ok=True)
+    for item in sorted(machine.iterdir()):
+        link = ours / item.name
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(item)
+    print(
+        f"linked the machine's CUDA libraries into {ours}: "
+        f"{sorted(p.name for p in ours.iterdir() if p.is_symlink())}"
+    )
+
+
+def _place_flashinfer(spec: dict[str, object], with_cache: bool, keep: bool = False) -> None:
     """The image's layout: cached_ops in the workspace, the .so files in FlashInfer's AOT dir."""
     env = spec["env"]
     assert isinstance(env, dict)
     workspace = Path(env["FLASHINFER_WORKSPACE_BASE"])
+    if keep:
+        return
     shutil.rmtree(workspace, ignore_errors=True)
     workspace.mkdir(parents=True)
     aot = SITE / "flashinfer" / "data" / "aot"
@@ -100,14 +139,28 @@ def _first_token(url: str, model: str, began: float) -> float | None:
     return None
 
 
+def _dir_usage(folder: Path) -> dict[str, int]:
+    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+    return {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+
+
+def _values(options: list[str], flag: str) -> list[str]:
+    return [options[i + 1] for i, o in enumerate(options) if o == flag and i + 1 < len(options)]
+
+
 def serve(name: str, options: list[str]) -> int:
     spec = json.loads((BUNDLE / "serve-spec.json").read_text())
     with_cache = "--no-fi-cache" not in options
     eager = "--eager" in options
     jobs = options[options.index("--jobs") + 1] if "--jobs" in options else None
+    backend = _values(options, "--attention-backend")
+    extra_env = dict(v.split("=", 1) for v in _values(options, "--env"))
+    cuda_cache = CACHES.parent / "cuda-cache" if "--cuda-cache" in options else None
     if "--fresh-caches" in options:
         shutil.rmtree(CACHES, ignore_errors=True)
-    _place_flashinfer(spec, with_cache)
+    if cuda_cache is not None and "--fresh-cuda-cache" in options:
+        shutil.rmtree(cuda_cache, ignore_errors=True)
+    _place_flashinfer(spec, with_cache, keep="--keep-fi-workspace" in options)
     _model_link(spec)
     env = {**os.environ, **spec["env"], **spec["smoke_env"]}
     env.update(
@@ -119,9 +172,19 @@ def serve(name: str, options: list[str]) -> int:
     )
     if jobs:
         env["MAX_JOBS"] = jobs
+    env.update(extra_env)
+    if cuda_cache is not None:
+        cuda_cache.mkdir(parents=True, exist_ok=True)
+        env["CUDA_CACHE_PATH"] = str(cuda_cache)
+    ptxas = env.get("TRITON_PTXAS_PATH")
+    if ptxas and not Path(ptxas).exists():
+        # the image has it; a machine without /usr/local/cuda uses Triton's own (recorded)
+        env.pop("TRITON_PTXAS_PATH")
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", *spec["argv"][1:]]
     if eager:
         argv.append("--enforce-eager")
+    for value in backend:
+        argv += ["--attention-backend", value]
     RESULTS.mkdir(parents=True, exist_ok=True)
     log = RESULTS / f"{name}.log"
     url = f"http://127.0.0.1:{spec['port']}"
@@ -131,7 +194,12 @@ def serve(name: str, options: list[str]) -> int:
         "eager": eager,
         "max_jobs": env["MAX_JOBS"],
         "argv": argv,
+        "extra_env": extra_env,
+        "triton_ptxas": env.get("TRITON_PTXAS_PATH", "triton's own (TRITON_PTXAS_PATH unset)"),
     }
+    if cuda_cache is not None:
+        result["cuda_cache_path"] = str(cuda_cache)
+        result["cuda_cache_before"] = _dir_usage(cuda_cache)
     print(f"[{name}] {' '.join(argv)}", flush=True)
     started_at = time.time()
     began = time.monotonic()
@@ -190,6 +258,8 @@ def serve(name: str, options: list[str]) -> int:
         workspace = Path(spec["jit_dir"])
         built = [p.parent.name for p in workspace.glob("*/*.so") if p.stat().st_mtime > started_at]
         result["flashinfer_modules_built_at_serve"] = sorted(built)
+        if cuda_cache is not None:
+            result["cuda_cache_after"] = _dir_usage(cuda_cache)
         result["wall_s"] = round(time.monotonic() - began, 1)
         with (RESULTS / "summary.jsonl").open("a") as summary:
             summary.write(json.dumps(result) + "\n")
