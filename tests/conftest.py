@@ -70,9 +70,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     engine_items = [item for item in items if item.get_closest_marker("engine")]
     if not engine_items:
         return
+    from builder.image.address import from_environment
     from builder.image.docker_engine import engine_reachable
 
-    if engine_reachable():
+    if engine_reachable(from_environment()):
         return
     reason = "no Docker engine reachable (start dockerd, or see .ci/run)"
     if REQUIRE_ENGINE:

@@ -73,7 +73,7 @@ def _capture_build(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         raise StackError("stopped by the test")
 
     monkeypatch.setattr(cli_stacks, "build_stack", build_stack)
-    monkeypatch.setattr(cli_stacks, "connect_engine", lambda: object())
+    monkeypatch.setattr("builder.image.docker_engine.connect_engine", lambda address: object())
     monkeypatch.setattr(cli_stacks, "detect_build_client", lambda: object())
     return seen
 
@@ -88,7 +88,7 @@ def _capture_test(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         raise StackError("stopped by the test")
 
     monkeypatch.setattr(cli_verify, "validate", validate)
-    monkeypatch.setattr(cli_verify, "connect_engine", lambda: object())
+    monkeypatch.setattr("builder.image.docker_engine.connect_engine", lambda address: object())
     return seen
 
 

@@ -166,23 +166,62 @@ def test_where_an_engine_is_reached() -> None:
     assert address.ssh_destination("ssh://h") == ("h", None)
 
 
-def test_engine_option_sets_docker_host_for_the_command(
+def test_engine_option_is_handed_to_the_engine_not_written_into_the_environment(
     run_cli: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--engine reaches both the SDK and the build client through DOCKER_HOST."""
-    # Recorded, so the value --engine puts into os.environ is undone afterwards.
+    """--engine reaches the engine adapter as an argument; DOCKER_HOST is only a default and
+    is never changed (it used to be set for the command)."""
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent.sock")
     bad = run_cli("push", "ci-mini", "--engine", "10.0.0.2")
     assert bad.exit_code == 2 and "is not an engine address" in bad.output
-    seen: list[str | None] = []
+    seen: list[tuple[str | None, str | None]] = []
 
-    def fake_connect(address: str | None = None) -> Any:
-        seen.append(os.environ.get("DOCKER_HOST"))
+    def fake_connect(address: str | None) -> Any:
+        seen.append((address, os.environ.get("DOCKER_HOST")))
         raise StackError("stop here")
 
-    monkeypatch.setattr("builder.cli.images.connect_engine", fake_connect)
-    result = run_cli("push", "ci-mini", "--engine", "ssh://root@10.0.0.9", "--registry", "r:5000")
-    assert result.exit_code == 2 and seen == ["ssh://root@10.0.0.9"]
+    monkeypatch.setattr("builder.image.docker_engine.connect_engine", fake_connect)
+    for command in (
+        ["push", "ci-mini", "--registry", "r:5000"],
+        ["test", "ci-mini"],
+        ["doctor"],
+    ):
+        result = run_cli(*command, "--engine", "ssh://root@10.0.0.9")
+        assert result.exit_code == 2, (command, result.output)
+    assert seen == [("ssh://root@10.0.0.9", "unix:///nonexistent.sock")] * 3
+    assert os.environ["DOCKER_HOST"] == "unix:///nonexistent.sock"
+    result = run_cli("push", "ci-mini", "--registry", "r:5000")
+    assert seen[-1] == ("unix:///nonexistent.sock", "unix:///nonexistent.sock")
+
+
+def test_a_remote_engine_is_probed_there_not_here() -> None:
+    """The GPU gate and doctor read the engine's host: over ssh for ssh://, never this
+    machine's devices for an engine elsewhere."""
+    from builder.image.hostprobe import Probe, probe_for
+
+    assert probe_for(None) == Probe() and probe_for("unix:///run/docker.sock") == Probe()
+    remote = probe_for("ssh://root@10.0.0.9:2222")
+    assert remote.cdi_dirs == () and remote.run is not Probe().run
+    tcp = probe_for("tcp://10.0.0.9:2375")
+    assert tcp.which("nvidia-smi") is None and tcp.cdi_dirs == ()
+
+
+def test_max_jobs_auto_sizes_for_the_engines_machine() -> None:
+    from builder.image.engine import EngineHost
+    from builder.image.jobs import auto_max_jobs
+    from builder.spec.resolve import resolve
+    from tests.conftest import STACKS
+
+    stack = resolve("vllm-0.33-b12x", STACKS)  # fp4_gemm_cutlass_sm120: ~7 GB a job
+    big = EngineHost(
+        "ssh://b@h", cpus=64, memory_bytes=256 * 1024**3, os_type="linux", architecture="x86_64"
+    )
+    small = EngineHost(
+        "ssh://b@h", cpus=64, memory_bytes=16 * 1024**3, os_type="linux", architecture="x86_64"
+    )
+    unknown = EngineHost("tcp://h:2375", None, None, None, None)
+    assert auto_max_jobs(stack, big) > auto_max_jobs(stack, small) >= 1
+    assert auto_max_jobs(stack, unknown) == 1
 
 
 # --- 3. pins with engines, previous pins, URLs -------------------------------------------------

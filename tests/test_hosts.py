@@ -543,7 +543,9 @@ def test_doctor_cli_reports_each_failure_with_its_fix(
     run_cli: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        cli_hosts, "gather", lambda api, why: gather(None, "no engine here", _probe(None))
+        cli_hosts,
+        "gather",
+        lambda api, why, probe=None: gather(None, "no engine here", _probe(None)),
     )
     result = run_cli("doctor", "--stack", STACK)
     assert result.exit_code == 1

@@ -118,7 +118,7 @@ def test_lock_writes_nothing_when_the_registry_refuses(
     lock = stacks_dir / f"{STACK}.lock"
     before = lock.read_bytes()
     engine = _Engine(_error(401, "unauthorized: authentication required"))
-    monkeypatch.setattr(cli_hosts, "_engine", lambda: (engine, None))
+    monkeypatch.setattr(cli_hosts, "_engine", lambda settings: (engine, None))
     result = run_cli("lock", STACK, stacks_dir=stacks_dir)
     assert result.exit_code == 2, result.output
     assert IMAGE in result.output and "Traceback" not in result.output
@@ -135,7 +135,7 @@ def test_lock_says_loudly_when_a_base_stays_unpinned(
     unpinned = LockedBase(image=IMAGE, note="NOT PINNED: registry not reachable (dial tcp)")
     made = made.model_copy(update={"bases": made.bases.model_copy(update={"runtime": unpinned})})
     monkeypatch.setattr(cli_hosts, "make_lock", lambda *args: made)
-    monkeypatch.setattr(cli_hosts, "_engine", lambda: (None, None))
+    monkeypatch.setattr(cli_hosts, "_engine", lambda settings: (None, None))
     result = run_cli("lock", STACK, stacks_dir=stacks_dir)
     assert result.exit_code == 0, result.output
     assert f"warning: runtime base {IMAGE} is NOT pinned by digest" in result.output

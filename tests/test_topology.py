@@ -559,8 +559,8 @@ def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
     PATH of their own (plus cat, ls, sh); doctor's probe reads the sample's cmdline and a sysfs
     tree of its IOMMU groups. Returns the log of every fake command run."""
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
-    monkeypatch.setattr(cli_hosts, "_engine", lambda: (_Engine(), None))
-    monkeypatch.setattr(remote, "try_connect", lambda pin: (_Engine(), None))
+    monkeypatch.setattr(cli_hosts, "_engine", lambda settings: (_Engine(), None))
+    monkeypatch.setattr(remote, "try_connect", lambda pin, default=None: (_Engine(), None))
 
     def make(sample: str, without: Sequence[str] = ()) -> Path:
         folder = FIXTURES / sample
@@ -604,7 +604,9 @@ cat {folder}/lspci.txt
         monkeypatch.setattr(
             cli_hosts,
             "_probe",
-            lambda pinned: replace(real_probe(pinned), cmdline=folder / "cmdline", sysfs=sysfs),
+            lambda pinned, default: replace(
+                real_probe(pinned, default), cmdline=folder / "cmdline", sysfs=sysfs
+            ),
         )
         log.touch()
         return log

@@ -21,9 +21,10 @@ from rich.console import Console
 
 from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR
 from builder.errors import EXIT_BAD_INPUT, OperationFailed, StackError
-from builder.image.address import use as use_engine
+from builder.image import address
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
 from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
+from builder.image.engine import Engine
 from builder.lock.lockfile import locked_versions
 from builder.render.context import RenderedContext, render
 from builder.render.digests import DigestCache
@@ -95,6 +96,21 @@ class Settings:
         self.build_dir = build_dir
         self.substitutions = substitutions
         self._digests: DigestCache | None = None
+        #: The engine a command works on, as --engine said; unset: DOCKER_HOST, else the local
+        #: socket (`engine_address`). Handed to the engine adapter and the build client, never
+        #: written into the process environment.
+        self.engine: str | None = None
+        self.engine_given = False
+
+    def engine_address(self) -> str | None:
+        """--engine, else DOCKER_HOST (checked), else None: the local socket."""
+        return self.engine if self.engine_given else address.from_environment()
+
+    def connect(self) -> Engine:
+        """The command's engine, once it answered (ToolMissing, naming it, when it does not)."""
+        from builder.image.docker_engine import connect_engine  # the SDK only where needed
+
+        return connect_engine(self.engine_address())
 
     def resolve(self, name: str) -> ResolvedStack:
         return resolve(name, self.stacks_dir, self.substitutions)
@@ -134,14 +150,19 @@ ca_bundle_option = click.option(
 
 
 def _use_engine(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is None:
+        return
     try:
-        use_engine(value)
+        checked = address.check_address(value)
     except StackError as exc:
         raise click.BadParameter(f"{exc.message}; {exc.hint}") from None
+    settings = ctx.find_object(Settings)
+    assert settings is not None, "the group makes Settings before any command's options"
+    settings.engine, settings.engine_given = checked, True
 
 
-#: The engine a command works on: sets DOCKER_HOST for the command, so the docker SDK and the
-#: build client it starts reach the same engine (builder.image.address).
+#: The engine a command works on, stored in the command's Settings: the docker SDK and the
+#: build client it starts are both given it (builder.image.address).
 engine_option = click.option(
     "--engine",
     metavar="ADDRESS",

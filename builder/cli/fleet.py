@@ -47,15 +47,19 @@ def all_pins(hosts_dir: Path) -> list[Pin]:
     return [load_pin(hosts_dir, host) for host in hosts]
 
 
-def one_report(pin: Pin) -> Report:
-    """verify for one pin, on its own engine, its prerequisites read on that host."""
-    engine, why = remote.try_connect(pin)
-    return verify_host(pin, engine, why, gather(engine, why, remote.probe(pin)))
+def one_report(pin: Pin, default: str | None) -> Report:
+    """verify for one pin, on its own engine (default: the command's, for a pin naming none),
+    its prerequisites read on that host."""
+    engine, why = remote.try_connect(pin, default)
+    return verify_host(pin, engine, why, gather(engine, why, remote.probe(pin, default)))
 
 
-def verify_all(hosts_dir: Path, as_json: bool) -> None:
+def verify_all(hosts_dir: Path, as_json: bool, default: str | None) -> None:
     """Drift of every pinned host in one table; exit 1 when any host drifts."""
-    reports = [(pin, remote.describe(pin), one_report(pin)) for pin in all_pins(hosts_dir)]
+    reports = [
+        (pin, remote.describe(pin, default), one_report(pin, default))
+        for pin in all_pins(hosts_dir)
+    ]
     if as_json:
         click.echo(json.dumps([report.to_json() for _, _, report in reports], indent=2))
     else:
@@ -94,15 +98,20 @@ def deploy_all(
     if not apply_now:
         return
     say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
-    gate: Gate = health_gate(remote.server_url, timeout_s)
+    default = settings.engine_address()
+
+    def url(pin: Pin) -> str:
+        return remote.server_url(pin, default)
+
+    gate: Gate = health_gate(url, timeout_s)
     if smoke:
         report_dir = settings.build_dir / "fleet" / "smoke"
-        gate = both(gate, smoke_gate(remote.server_url, _stack_of(settings), report_dir, say))
+        gate = both(gate, smoke_gate(url, _stack_of(settings), report_dir, say))
     fleet = Fleet(
-        connect=remote.connect,
+        connect=lambda pin: remote.connect(pin, default),
         gate=gate,
         previous=lambda host: load_previous_pin(hosts_dir, host),
-        describe=remote.describe,
+        describe=lambda pin: remote.describe(pin, default),
         log=say,
     )
     results = roll(pins, fleet)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from builder.cli.app import Settings, cli, pass_settings, user_errors
+from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
 from builder.cli.fleet import all_pins, deploy_all, one_report, verify_all
 from builder.errors import StackError, ToolMissing
 from builder.hosts import remote, topology
@@ -21,9 +21,8 @@ from builder.hosts.deploy import apply, write_files
 from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
 from builder.image.address import check_address
-from builder.image.docker_engine import connect_engine
 from builder.image.engine import Engine
-from builder.image.hostprobe import Probe, gather
+from builder.image.hostprobe import Probe, gather, probe_for
 from builder.image.records import load_record
 from builder.image.registry import Registry
 from builder.lock.lockfile import UNPINNED, lock_path, make_lock, read_lock, write_lock
@@ -44,9 +43,9 @@ def _hosts_dir(settings: Settings, value: Path | None) -> Path:
     return value if value is not None else settings.stacks_dir.parent / "hosts"
 
 
-def _engine() -> tuple[Engine | None, str | None]:
+def _engine(settings: Settings) -> tuple[Engine | None, str | None]:
     try:
-        return connect_engine(), None
+        return settings.connect(), None
     except ToolMissing as exc:
         return None, exc.message
 
@@ -66,7 +65,7 @@ def lock(settings: Settings, stack: str, versions_from: Path | None) -> None:
     """Write stacks/STACK.lock: base digests and every Python package, hash-pinned (uv)."""
     resolved = settings.checked(stack)
     prefer = read_lock(versions_from) if versions_from is not None else None
-    engine, why = _engine()
+    engine, why = _engine(settings)
     made = make_lock(resolved, engine, prefer)
     path = lock_path(resolved)
     write_lock(path, made)
@@ -204,6 +203,7 @@ def pin(
 )
 @click.option("--gpu-product", help="k8s: the node label nvidia.com/gpu.product to run on.")
 @click.option("--json", "as_json", is_flag=True, help="With --all --apply: the roll as JSON.")
+@engine_option
 @hosts_dir_option
 @pass_settings
 @user_errors
@@ -257,13 +257,14 @@ def deploy(
     for path in write_files(pinned, out or settings.build_dir / "hosts" / pinned.host):
         click.echo(path)
     if apply_now:
-        click.echo(apply(pinned, remote.connect(pinned)))
+        click.echo(apply(pinned, remote.connect(pinned, settings.engine_address())))
 
 
 @cli.command()
 @click.argument("host", required=False)
 @click.option("--all", "every", is_flag=True, help="Every pinned host, in one table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@engine_option
 @hosts_dir_option
 @pass_settings
 @user_errors
@@ -278,10 +279,10 @@ def verify(
     folder = _hosts_dir(settings, hosts_dir)
     _one_or_all(host, every)
     if every:
-        verify_all(folder, as_json)
+        verify_all(folder, as_json, settings.engine_address())
         return
     pinned = load_pin(folder, str(host))
-    report = one_report(pinned)
+    report = one_report(pinned, settings.engine_address())
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -310,6 +311,7 @@ def _one_or_all(host: str | None, every: bool) -> None:
 )
 @click.option("--stack", help="Check against this stack's GPU targets and CUDA driver minimum.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@engine_option
 @hosts_dir_option
 @pass_settings
 @user_errors
@@ -347,13 +349,13 @@ def doctor(
         docs = tuple(load_yaml(path) for path in resolved.sources)
         origin = topology.ArgvOrigin(("serve", "extra_args"), len(argv) - extra, docs)
         serve = topology.serve_of(f"stack {stack}", argv, resolved.manifest.env, None, origin)
-    probe = _probe(pinned)
+    default = settings.engine_address()
+    probe = _probe(pinned, default)
     if pinned is None:
-        engine, why = _engine()
-        facts = gather(engine, why)  # prerequisites read here, as probe does
+        engine, why = _engine(settings)
     else:
-        engine, why = remote.try_connect(pinned)
-        facts = gather(engine, why, probe)
+        engine, why = remote.try_connect(pinned, default)
+    facts = gather(engine, why, probe)
     findings = check(facts, needs, selected)
     if serve is None:
         findings += topology.not_checked(len(facts.gpus))
@@ -364,9 +366,10 @@ def doctor(
         sys.exit(EXIT_DRIFT)
 
 
-def _probe(pinned: Pin | None) -> Probe:
-    """How doctor reads the host: the pin's host (over ssh for an ssh:// engine), else here."""
-    return Probe() if pinned is None else remote.probe(pinned)
+def _probe(pinned: Pin | None, default: str | None) -> Probe:
+    """How doctor reads the host: the pin's (over ssh for an ssh:// engine), else the
+    command's engine's host (here, for the local socket)."""
+    return probe_for(default) if pinned is None else remote.probe(pinned, default)
 
 
 def _print_findings(findings: list[Finding], as_json: bool) -> None:

@@ -22,7 +22,6 @@ from builder.image.buildcache import CacheSettings, registry_cache
 from builder.image.buildclient import detect_build_client
 from builder.image.cabundle import resolve_ca_bundle
 from builder.image.distribute import pull_stack, push_stack, registry_has_current
-from builder.image.docker_engine import connect_engine
 from builder.image.names import moving_ref
 from builder.image.registry import Registry
 
@@ -129,7 +128,7 @@ def build(
             key="--cache-to-registry",
             hint="give --cache-from-registry HOST[:PORT][/NAMESPACE]",
         )
-    engine = connect_engine()
+    engine = settings.connect()
     if pull_or_build:
         target = Registry.parse(registry)
         if registry_has_current(rendered, engine, target):
@@ -192,7 +191,7 @@ def push(settings: Settings, stack: str, registry: str | None, force: bool) -> N
     pushed = push_stack(
         settings.render(settings.checked(stack)),
         settings.build_dir,
-        connect_engine(),
+        settings.connect(),
         Registry.parse(registry),
         force=force,
     )
@@ -211,7 +210,7 @@ def pull(settings: Settings, stack: str, registry: str | None) -> None:
         pull_stack(
             settings.render(settings.checked(stack)),
             settings.build_dir,
-            connect_engine(),
+            settings.connect(),
             Registry.parse(registry),
         )
     )

@@ -158,7 +158,7 @@ def propose_cmd(
         settings.stacks_dir,
         drops=list(drops),
         lock=not no_lock,
-        engine=None if no_lock else _engine(),
+        engine=None if no_lock else _engine(settings),
         substitutions=settings.substitutions,
         command=command if "propose" in command else "",
     )
@@ -168,12 +168,10 @@ def propose_cmd(
         _print_proposal(proposal)
 
 
-def _engine() -> Engine | None:
+def _engine(settings: Settings) -> Engine | None:
     """The engine asks registries for base digests; the lock says so when there is none."""
-    from builder.image.docker_engine import connect_engine
-
     try:
-        return connect_engine()
+        return settings.connect()
     except ToolMissing:
         return None
 

@@ -10,10 +10,17 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from builder.cli.app import Settings, ca_bundle_option, cli, out, pass_settings, user_errors
+from builder.cli.app import (
+    Settings,
+    ca_bundle_option,
+    cli,
+    engine_option,
+    out,
+    pass_settings,
+    user_errors,
+)
 from builder.errors import StackError
 from builder.image.cabundle import resolve_ca_bundle
-from builder.image.docker_engine import connect_engine
 from builder.image.engine import Engine
 from builder.spec.resolve import ResolvedStack
 from builder.verify.kernel_cache import container_watch, directory_watch, summary_lines
@@ -94,6 +101,7 @@ soak_option = click.option(
 @ca_bundle_option
 @soak_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@engine_option
 @pass_settings
 @user_errors
 def test_command(
@@ -108,7 +116,7 @@ def test_command(
     """Validate the stack's current image: static checks, JIT cache, smoke prompt."""
     proxy_ca = resolve_ca_bundle(ca_bundle)  # what builds were given: the image holds none of it
     resolved = settings.checked(stack)
-    engine = connect_engine()
+    engine = settings.connect()
     smoke = _smoke_runner(engine, resolved, _parse_mounts(mounts), require_gpu, as_json, soak_s)
     report = validate(
         engine, resolved, settings.render(resolved), settings.build_dir, proxy_ca, smoke

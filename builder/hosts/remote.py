@@ -9,45 +9,41 @@ hosts are reached with this machine's ssh client, so keys come from the user's a
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-from collections.abc import Sequence
-
 from builder.errors import StackError, ToolMissing
 from builder.hosts.pins import Pin, port_parts
 from builder.image import address
 from builder.image.docker_engine import connect_engine
 from builder.image.engine import Engine
-from builder.image.hostprobe import Probe
+from builder.image.hostprobe import Probe, probe_for
 
-SSH_TIMEOUT_S = 30
 #: Addresses a published port may be bound to that are not reachable from another machine.
 LOOPBACK = ("127.", "::1", "localhost")
 
 
-def engine_address(pin: Pin) -> str | None:
-    """The pin's engine, else DOCKER_HOST; None: the local socket."""
-    return pin.engine or address.current()
+def engine_address(pin: Pin, default: str | None = None) -> str | None:
+    """The pin's engine, else the command's (--engine), else DOCKER_HOST; None: the local
+    socket."""
+    return pin.engine or default or address.from_environment()
 
 
-def describe(pin: Pin) -> str:
-    return engine_address(pin) or address.DEFAULT
+def describe(pin: Pin, default: str | None = None) -> str:
+    return engine_address(pin, default) or address.DEFAULT
 
 
-def connect(pin: Pin) -> Engine:
+def connect(pin: Pin, default: str | None = None) -> Engine:
     """The pin's engine (ToolMissing, naming it, when it does not answer)."""
-    return connect_engine(pin.engine)
+    return connect_engine(engine_address(pin, default))
 
 
-def try_connect(pin: Pin) -> tuple[Engine | None, str | None]:
+def try_connect(pin: Pin, default: str | None = None) -> tuple[Engine | None, str | None]:
     """The pin's engine, or None and why it could not be reached."""
     try:
-        return connect(pin), None
+        return connect(pin, default), None
     except ToolMissing as exc:
         return None, exc.message
 
 
-def server_url(pin: Pin) -> str:
+def server_url(pin: Pin, default: str | None = None) -> str:
     """Where the pinned server answers from this machine: the host port published for the
     serve port, on the address it is bound to, else on the engine's host. A StackError when
     the pin publishes no such port, or only on a remote host's loopback."""
@@ -61,7 +57,7 @@ def server_url(pin: Pin) -> str:
             hint=f"pin it again with --port HOST_PORT:{pin.serve_port}",
         )
     ip, port = chosen[0]
-    where = engine_address(pin)
+    where = engine_address(pin, default)
     remote = where is not None and not where.startswith("unix:")
     if ip and ip != "0.0.0.0":
         if remote and ip.startswith(LOOPBACK):
@@ -78,29 +74,9 @@ def server_url(pin: Pin) -> str:
     return f"http://{_bracket(host)}:{port}"
 
 
-def probe(pin: Pin) -> Probe:
+def probe(pin: Pin, default: str | None = None) -> Probe:
     """How the host's prerequisites are read: here, or over ssh for an ssh:// engine."""
-    where = engine_address(pin)
-    if not address.is_ssh(where):
-        return Probe()
-    destination, port = address.ssh_destination(str(where))
-    ssh = ["ssh", "-o", "BatchMode=yes", *(["-p", port] if port else []), destination, "--"]
-
-    def run(argv: Sequence[str]) -> tuple[int, str]:
-        try:
-            result = subprocess.run(
-                [*ssh, shlex.join(argv)], capture_output=True, text=True, timeout=SSH_TIMEOUT_S
-            )
-        except subprocess.TimeoutExpired:
-            return 124, f"{argv[0]} on {destination} timed out"
-        return result.returncode, result.stdout + result.stderr
-
-    def which(program: str) -> str | None:
-        status, out = run(["sh", "-c", f"command -v {shlex.quote(program)}"])
-        return (out.strip() or None) if status == 0 else None
-
-    # CDI specs are files on that host; its engine's runtimes and hooks say enough here.
-    return Probe(run=run, which=which, cdi_dirs=())
+    return probe_for(engine_address(pin, default))
 
 
 def _bracket(host: str) -> str:

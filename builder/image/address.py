@@ -2,8 +2,9 @@
 
 One address reaches the same engine through both of the tool's paths to it: the docker SDK
 (every engine operation: inspect, tag, push, pull, run) and the build client it starts for
-BuildKit (which reads DOCKER_HOST from its environment). `--engine ADDRESS` sets DOCKER_HOST for
-the whole command, so both always agree; a pin's `engine` names the address of its host.
+BuildKit (which is given DOCKER_HOST in its environment). `--engine ADDRESS` (else DOCKER_HOST,
+else the local socket) is read once by the command line and handed to both explicitly, never
+written into this process's environment; a pin's `engine` names the address of its host.
 
 - `unix:///PATH`: an engine's socket on this machine (the default, /var/run/docker.sock).
 - `ssh://[USER@]HOST[:PORT]`: an engine on another machine. Both paths run this machine's `ssh`
@@ -41,15 +42,16 @@ def check_address(text: str, key: str = "--engine") -> str:
     return text
 
 
-def current() -> str | None:
-    """The address this process's engine operations use (DOCKER_HOST), None for the default."""
-    return os.environ.get(ENV) or None
+def from_environment() -> str | None:
+    """DOCKER_HOST, checked, as the default of a command given no --engine; None: the local
+    socket. Read when a command starts, never at import."""
+    value = os.environ.get(ENV) or None
+    return None if value is None else check_address(value, key=ENV)
 
 
-def use(address: str | None) -> None:
-    """Point this process, and every client it starts, at address (None: leave as it is)."""
-    if address is not None:
-        os.environ[ENV] = check_address(address)
+def client_env(address: str | None) -> dict[str, str]:
+    """What a client this tool starts (the build client) needs to reach the same engine."""
+    return {ENV: address} if address else {}
 
 
 def is_ssh(address: str | None) -> bool:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from builder.errors import OperationFailed, StackError
+from builder.image.address import client_env
 from builder.image.basepull import base_unavailable_error, unpullable_base
 from builder.image.buildcache import CacheSettings, cache_argv
 from builder.image.buildclient import BuildClient
@@ -120,15 +121,18 @@ def build_stack(
         command_path = logs / f"{content_tag(stack.name, content_hash)}.command.sh"
         _keep_previous(log_path)
         if options.max_jobs is None and stack.manifest.build.max_jobs == "auto":
-            options = replace(options, max_jobs=auto_max_jobs(stack))
+            options = replace(options, max_jobs=auto_max_jobs(stack, engine.host()))
         build_client = client()
         with tempfile.TemporaryDirectory(prefix="sm120-build-") as scratch:
             iidfile = Path(scratch) / "iid"
             argv = build_argv(stack, rendered, context, build_client, options, iidfile)
             argv[-1:-1] = ["--label", f"{BASE_IDS_LABEL}={json.dumps(bases, sort_keys=True)}"]
-            _write_replay(command_path, build_client, argv, iidfile)
+            where = client_env(engine.address)
+            _write_replay(command_path, build_client, argv, iidfile, where)
             written = (stack.manifest.bases.build.image, stack.manifest.bases.runtime.image)
-            _run_build(stack.name, argv, build_client, log_path, options.live_progress, written)
+            _run_build(
+                stack.name, argv, build_client, log_path, options.live_progress, written, where
+            )
             image_id = iidfile.read_text().strip()
         engine.tag(image_id, ref)
         engine.tag(image_id, moving_ref(stack.name))
@@ -271,9 +275,11 @@ def build_argv(
     return argv
 
 
-def _write_replay(path: Path, client: BuildClient, argv: list[str], iidfile: Path) -> None:
-    # The engine the build ran on (DOCKER_HOST: a remote one over ssh://, or another socket).
-    where = {"DOCKER_HOST": os.environ["DOCKER_HOST"]} if os.environ.get("DOCKER_HOST") else {}
+def _write_replay(
+    path: Path, client: BuildClient, argv: list[str], iidfile: Path, where: dict[str, str]
+) -> None:
+    """where: the engine the build ran on (DOCKER_HOST: a remote one over ssh://, or another
+    socket), named in the script so that it replays there."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**where, **client.env}.items())
     replay = [a if a != str(iidfile) else "/tmp/sm120-stacks.iid" for a in argv]
     path.write_text(
@@ -290,11 +296,12 @@ def _run_build(
     log_path: Path,
     live: bool | None,
     bases: Sequence[str] = (),
+    where: dict[str, str] | None = None,
 ) -> None:
     """Run the client, logging every line; a failure names its step, or the base image that
     could not be pulled (`bases`: the stack's base references as its manifest writes them).
     A log that cannot be written (its disk full) stops the build: nothing is tagged."""
-    env = {**os.environ, **client.env}
+    env = {**os.environ, **(where or {}), **client.env}
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     try:
         returncode, progress = _logged_build(stack, argv, env, log_path, tail, live)

@@ -14,12 +14,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from builder.errors import EngineError, EngineNotFound, EngineUnreachable, ToolMissing
-from builder.image.address import ENV as ADDRESS_ENV
+from builder.image.address import DEFAULT as DEFAULT_ADDRESS
 from builder.image.address import is_ssh
 from builder.image.engine import (
     INSTALL_HINT,
     Container,
     ContainerSpec,
+    EngineHost,
     Image,
     PortBinding,
     registry_failure,
@@ -34,39 +35,58 @@ NANOSECONDS = 1_000_000_000
 _PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 
 
-def connect_engine(address: str | None = None) -> DockerEngine:
-    """The engine at address (builder.image.address), else the one DOCKER_HOST (or the local
-    socket) names, once it answered a ping. An ssh:// engine is reached through this machine's
-    ssh client, as the docker CLI reaches it (the user's agent and ~/.ssh/config). A local
-    socket is pinged without the SDK, which is imported only when an operation needs it."""
-    where = address or os.environ.get(ADDRESS_ENV) or None
-    socket_path = _local_socket(where)
+def connect_engine(address: str | None) -> DockerEngine:
+    """The engine at address (builder.image.address; None: the local socket), once it answered
+    a ping. The caller says which: the command line reads --engine or DOCKER_HOST once
+    (`address.from_environment`). An ssh:// engine is reached through this machine's ssh
+    client, as the docker CLI reaches it (the user's agent and ~/.ssh/config). A local socket
+    is pinged without the SDK, which is imported only when an operation needs it."""
+    socket_path = _local_socket(address)
     if socket_path is not None:
         try:
             SocketApi(socket_path).ping()
         except EngineError as exc:
-            raise _unreachable(where, exc) from None
-        return DockerEngine(factory=lambda: _sdk_client(address, where), socket_path=socket_path)
-    return DockerEngine(_sdk_client(address, where, ping=True))
+            raise _unreachable(address, exc) from None
+        return DockerEngine(
+            factory=lambda: _sdk_client(address or DEFAULT_ADDRESS),
+            socket_path=socket_path,
+            address=address,
+        )
+    return DockerEngine(_sdk_client(address, ping=True), address=address)
 
 
-def _sdk_client(address: str | None, where: str | None, ping: bool = False) -> Any:
+def _sdk_client(address: str | None, ping: bool = False) -> Any:
     import docker
     import requests
     from docker.errors import DockerException
 
     try:
-        if address is not None:
-            client = docker.DockerClient(
-                base_url=address, timeout=API_TIMEOUT_S, use_ssh_client=is_ssh(address)
-            )
-        else:
-            client = docker.from_env(timeout=API_TIMEOUT_S, use_ssh_client=is_ssh(where))
+        client = docker.DockerClient(
+            base_url=address or DEFAULT_ADDRESS,
+            timeout=API_TIMEOUT_S,
+            use_ssh_client=is_ssh(address),
+            tls=_tls(address),
+        )
         if ping:
             client.ping()
     except (DockerException, requests.RequestException, OSError) as exc:
-        raise _unreachable(where, exc) from None
+        raise _unreachable(address, exc) from None
     return client
+
+
+def _tls(address: str | None) -> Any:
+    """TLS for a tcp:// engine as the docker CLI sets it up (DOCKER_TLS_VERIFY and
+    DOCKER_CERT_PATH); none otherwise."""
+    if not (address or "").startswith("tcp://") or not os.environ.get("DOCKER_TLS_VERIFY"):
+        return False
+    from docker.tls import TLSConfig
+
+    certs = os.environ.get("DOCKER_CERT_PATH") or os.path.expanduser("~/.docker")
+    return TLSConfig(
+        client_cert=(os.path.join(certs, "cert.pem"), os.path.join(certs, "key.pem")),
+        ca_cert=os.path.join(certs, "ca.pem"),
+        verify=True,
+    )
 
 
 def _unreachable(where: str | None, exc: Exception) -> ToolMissing:
@@ -94,9 +114,9 @@ def split_tag(ref: str) -> tuple[str, str | None]:
     return ref, None
 
 
-def engine_reachable() -> bool:
+def engine_reachable(address: str | None) -> bool:
     try:
-        connect_engine()
+        connect_engine(address)
     except ToolMissing:
         return False
     return True
@@ -192,10 +212,14 @@ class DockerEngine:
         *,
         factory: Callable[[], Any] | None = None,
         socket_path: str | None = None,
+        address: str | None = None,
     ) -> None:
         self._sdk = client
         self._factory = factory
         self._socket = SocketApi(socket_path) if socket_path is not None else None
+        #: Where the engine listens (None: the local socket): what a client this tool starts
+        #: must be pointed at, and whose host the facts below describe.
+        self.address = address
 
     @property
     def sdk(self) -> Any:
@@ -214,9 +238,19 @@ class DockerEngine:
             self.sdk.ping()
 
     def runtimes(self) -> list[str]:
+        return list(self.host().runtimes)
+
+    def host(self) -> EngineHost:
         with _engine_errors():
             info = self.sdk.info() or {}
-        return sorted(str(name) for name in info.get("Runtimes") or {})
+        return EngineHost(
+            address=self.address,
+            cpus=int(info.get("NCPU") or 0) or None,
+            memory_bytes=int(info.get("MemTotal") or 0) or None,
+            os_type=str(info.get("OSType") or "") or None,
+            architecture=str(info.get("Architecture") or "") or None,
+            runtimes=tuple(sorted(str(name) for name in info.get("Runtimes") or {})),
+        )
 
     def image(self, ref: str) -> Image | None:
         if self._socket is not None:

@@ -153,10 +153,36 @@ class ContainerSpec:
     network_mode: str | None = None
 
 
+@dataclass(frozen=True)
+class EngineHost:
+    """The machine an engine runs on, as the engine itself says (`docker info`): what sizes a
+    build there (`max_jobs: auto`) and gives its containers GPUs, which need not be this one."""
+
+    #: Where the engine listens; None: this machine's local socket.
+    address: str | None
+    cpus: int | None
+    memory_bytes: int | None
+    os_type: str | None
+    architecture: str | None
+    runtimes: tuple[str, ...] = ()
+
+    @property
+    def local(self) -> bool:
+        """Whether the engine runs on this machine (a unix socket here)."""
+        return self.address is None or self.address.startswith("unix://")
+
+
 class Engine(Protocol):
     """The operations the tool performs on a container engine, and no others."""
 
+    #: Where the engine listens (None: the local socket).
+    address: str | None
+
     def ping(self) -> None: ...
+
+    def host(self) -> EngineHost:
+        """The engine's machine: CPUs, memory, OS and architecture, runtimes."""
+        ...
 
     def runtimes(self) -> list[str]:
         """Names of the container runtimes the engine has registered (`docker info`)."""

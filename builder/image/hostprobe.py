@@ -12,6 +12,7 @@ an ssh runner probes a remote one.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -19,11 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import EngineError
+from builder.image.address import is_ssh, ssh_destination
 from builder.image.engine import Engine, nvidia_runtimes
 
 #: Runs argv, returns (exit status, stdout); raises OSError when the program is missing.
 Runner = Callable[[Sequence[str]], tuple[int, str]]
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+SSH_TIMEOUT_S = 30
 RUNTIME_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit", "nvidia-ctk")
 RUNTIME_FIX = (
     "install the NVIDIA Container Toolkit (`apt-get install nvidia-container-toolkit`), then "
@@ -71,11 +74,39 @@ class Probe:
     sysfs: Path = Path("/sys")
 
 
+def probe_for(address: str | None) -> Probe:
+    """How the facts of an engine's host are read: here for a local socket; over ssh, with this
+    machine's ssh client, for an ssh:// engine; for a tcp:// engine nothing but the engine can
+    be asked, and the probe says so rather than read this machine's devices instead."""
+    if address is None or address.startswith("unix://"):
+        return Probe()
+    if not is_ssh(address):
+        return Probe(run=lambda argv: (127, ""), which=lambda name: None, cdi_dirs=())
+    destination, port = ssh_destination(address)
+    ssh = ["ssh", "-o", "BatchMode=yes", *(["-p", port] if port else []), destination, "--"]
+
+    def run(argv: Sequence[str]) -> tuple[int, str]:
+        try:
+            result = subprocess.run(
+                [*ssh, shlex.join(argv)], capture_output=True, text=True, timeout=SSH_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            return 124, f"{argv[0]} on {destination} timed out"
+        return result.returncode, result.stdout + result.stderr
+
+    def which(program: str) -> str | None:
+        status, out = run(["sh", "-c", f"command -v {shlex.quote(program)}"])
+        return (out.strip() or None) if status == 0 else None
+
+    # CDI specs are files on that host; its engine's runtimes and hooks say enough here.
+    return Probe(run=run, which=which, cdi_dirs=())
+
+
 def gather(
     engine: Engine | None, engine_error: str | None, probe: Probe | None = None
 ) -> HostFacts:
     """Ask nvidia-smi, the engine and the file system what this host has."""
-    probe = probe or Probe()
+    probe = probe or probe_for(getattr(engine, "address", None))
     driver, gpus, gpu_error = _nvidia_smi(probe)
     runtime, runtime_error = _engine_runtimes(engine)
     runtime += [f"hook {h}" for h in RUNTIME_HOOKS if probe.which(h)]

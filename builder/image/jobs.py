@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from builder.image.engine import EngineHost
 from builder.spec.resolve import ResolvedStack, jit_modules_known
 
 #: Memory kept free for the engine, BuildKit and the rest of the machine.
@@ -34,5 +35,14 @@ def peak_per_job_gb(stack: ResolvedStack) -> float:
     return max((known[name].peak_gb for name in stack.jit_modules), default=0.0)
 
 
-def auto_max_jobs(stack: ResolvedStack) -> int:
-    return jobs_for(peak_per_job_gb(stack), available_memory_gb(), os.cpu_count() or 1)
+def auto_max_jobs(stack: ResolvedStack, host: EngineHost) -> int:
+    """Sized for the engine's machine, which runs the compiles: on this machine (a local
+    socket), its available memory; on another, the memory and CPUs that engine reports (its
+    total: what is free there cannot be read from here)."""
+    if host.local:
+        memory_gb, cpus = available_memory_gb(), host.cpus or os.cpu_count() or 1
+    elif host.memory_bytes is None:
+        return 1  # nothing known of that machine: the one job any machine can take
+    else:
+        memory_gb, cpus = host.memory_bytes / 1024**3, host.cpus or 1
+    return jobs_for(peak_per_job_gb(stack), memory_gb, cpus)

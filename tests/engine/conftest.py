@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from builder import REPO_ROOT
+from builder.image.address import from_environment
 from builder.image.docker_engine import DockerEngine
 from builder.image.names import local_ref, moving_ref
 from builder.image.registry import REGISTRY_ENV, Registry
@@ -37,7 +38,7 @@ def engine() -> DockerEngine:
     """The engine as the tool sees it (what builder functions take)."""
     from builder.image.docker_engine import connect_engine
 
-    return connect_engine()
+    return connect_engine(from_environment())
 
 
 @pytest.fixture(scope="session")

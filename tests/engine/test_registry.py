@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from builder.errors import StackError, ToolMissing
+from builder.image.address import from_environment
 from builder.image.docker_engine import DockerEngine
 from builder.image.names import content_tag, moving_ref
 from builder.image.registry import Registry, has_image, push, repo_digest
@@ -77,7 +78,7 @@ def test_the_socket_calls_see_what_the_sdk_sees(api: Any) -> None:
     """A no-op build inspects and tags over the socket: same answers as the SDK's."""
     from builder.image.docker_engine import connect_engine
 
-    engine = connect_engine()
+    engine = connect_engine(from_environment())
     image = next(i for i in api.images.list() if i.tags)
     found = engine.image(image.tags[0])
     assert found is not None and found.id == image.id and found.attrs["Id"] == image.attrs["Id"]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from builder.errors import ToolMissing
+from builder.image.address import from_environment
 from builder.image.docker_engine import DockerEngine, connect_engine
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.verify.smoke import (
@@ -200,7 +201,7 @@ def kill_when_held(earlier: set[str], killed: threading.Event) -> None:
     then fails (409), which once ended this thread before it killed anything."""
     from docker.errors import APIError
 
-    own = connect_engine().sdk
+    own = connect_engine(from_environment()).sdk
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
         for container in own.containers.list(filters=SMOKE_LABEL):
