@@ -11,6 +11,9 @@ Here, after `h200_serve.py unpack`:
     python3 bench/h200_serve.py serve NAME     # the stack's command: 0 FlashInfer compiles?
     python3 bench/h200_derived.py verify       # every module of the stack: hit?
 
+H200_ROOT (default /tmp/sm90), H200_SPEC (a serve-spec.json) and H200_TOOLS (a rendered tools/
+folder) point it at another bundle and another stack's derivation.
+
 The image builds its modules on the CPU builder (make flagship-local); here the same tool, the
 same environment and the same module table (the stack's rendered tools/jit-modules.json) build
 them on this machine's 16 cores instead of the builder's two, then lay them out as the image
@@ -26,14 +29,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path("/tmp/sm90")
+ROOT = Path(os.environ.get("H200_ROOT", "/tmp/sm90"))
 SITE = ROOT / "site"
 BUNDLE = ROOT / "bundle"
-TOOL = BUNDLE / "tools" / "flashinfer_jit.py"
+# Another stack's derivation (vLLM 0.33 with FlashInfer attention, RESULTS §10): its serve spec
+# and its rendered tools/ (flashinfer_jit.py and the module table jit-modules.json).
+TOOL = Path(os.environ.get("H200_TOOLS", str(BUNDLE / "tools"))) / "flashinfer_jit.py"
+SPEC = Path(os.environ.get("H200_SPEC", str(BUNDLE / "serve-spec.json")))
 
 
 def _spec() -> dict[str, object]:
-    spec = json.loads((BUNDLE / "serve-spec.json").read_text())
+    spec = json.loads(SPEC.read_text())
     assert isinstance(spec, dict)
     return spec
 

@@ -12,7 +12,7 @@ package; the model at the image's /models path.
     python3 bench/h200_serve.py unpack PART_DIR...          # concatenates and extracts parts
     python3 bench/h200_serve.py serve NAME [--no-fi-cache] [--eager] [--fresh-caches] [--jobs N]
         [--attention-backend NAME] [--env KEY=VALUE]... [--cuda-cache] [--fresh-cuda-cache]
-        [--keep-fi-workspace]
+        [--keep-fi-workspace] [--vllm-arg TOKEN]...
 
 Each `serve` starts the server, waits for /health, times one streamed request (seconds from
 start to the first token), runs `sm120-stacks smoke STACK --url ... --server-log LOG`, stops the
@@ -24,7 +24,9 @@ tree carries torch, and `unpack` links the machine's CUDA library wheels (site-p
 which torch finds beside itself) into the site tree, unless the bundle carries one of them
 (bench/prepare_h200_vllm033.sh).
 
---attention-backend appends vLLM's option to the stack's command (and is recorded); --env sets
+--attention-backend appends vLLM's option to the stack's command (and is recorded), --vllm-arg
+one more token of the command (vLLM 0.33 picks FA2 on sm90 only through
+`--attention-config.flash_attn_version 2`: it no longer reads VLLM_FLASH_ATTN_VERSION); --env sets
 a variable for the server only. --cuda-cache points the CUDA driver's JIT cache
 (CUDA_CACHE_PATH) at $H200_ROOT/caches/cuda, --fresh-cuda-cache empties it first; the summary
 line records its size and file count before and after the start. --keep-fi-workspace leaves
@@ -70,8 +72,11 @@ def unpack(parts: list[str]) -> int:
         target = SITE if archive.name.startswith("site") else BUNDLE / archive.name.split(".")[0]
         target.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        with tarfile.open(archive) as tar:
-            tar.extractall(target, filter="tar")
+        if shutil.which("xz") and shutil.which("tar"):  # xz -T0: the blocks of xz -T2 in parallel
+            subprocess.run(f"xz -dc -T0 '{archive}' | tar -x -C '{target}'", shell=True, check=True)
+        else:
+            with tarfile.open(archive) as tar:
+                tar.extractall(target, filter="tar")
         print(f"unpacked {archive.name} -> {target} in {time.monotonic() - started:.1f} s")
     _link_machine_nvidia()
     return 0
@@ -185,6 +190,7 @@ def serve(name: str, options: list[str]) -> int:
         argv.append("--enforce-eager")
     for value in backend:
         argv += ["--attention-backend", value]
+    argv += _values(options, "--vllm-arg")  # any further option, one token per flag
     RESULTS.mkdir(parents=True, exist_ok=True)
     log = RESULTS / f"{name}.log"
     url = f"http://127.0.0.1:{spec['port']}"

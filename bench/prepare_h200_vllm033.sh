@@ -25,7 +25,8 @@
 # - fi.tar.xz: the FlashInfer modules the image precompiled, copied out of the image as it
 #   holds them (cached_ops/<module>/ and the AOT copies).
 # - model.tar.xz, tool.tar.xz (git archive COMMIT), serve-spec.json (bench/serve_spec.py of
-#   that commit), fatbin_strip.py.
+#   that commit); fiattn.tar.xz where $WORK/fiattn exists (another stack's serve spec and
+#   rendered tools/, for bench/h200_derived.py).
 set -euo pipefail
 stack="${1:?usage: bench/prepare_h200_vllm033.sh STACK IMAGE [COMMIT]}"
 image="${2:?usage: bench/prepare_h200_vllm033.sh STACK IMAGE [COMMIT]}"
@@ -125,6 +126,11 @@ i=0
 for p in "$work"/site.tar.xz.part*; do i=$((i + 1)); mkdir -p ".gpu/p$i"; mv "$p" ".gpu/p$i/"; done
 smalls=("$work"/fi.tar.xz "$work"/model.tar.xz "$work"/tool.tar.xz "$work"/serve-spec.json
         "$work"/tool-commit.txt "$work"/fa2-keep.txt)
+# Another stack's derivation to precompile there (h200_derived.py; RESULTS §10, FlashInfer
+# attention): $work/fiattn/ holds its serve-spec.json and rendered tools/, made beforehand.
+if [[ -d "$work/fiattn" ]]; then
+  tar -C "$work" -cJf "$work/fiattn.tar.xz" fiattn && smalls+=("$work/fiattn.tar.xz")
+fi
 if (( $(du -cb ".gpu/p$i" "${smalls[@]}" | tail -1 | cut -f1) > part_bytes + 4000000 )); then
   i=$((i + 1)); mkdir -p ".gpu/p$i"
 fi
