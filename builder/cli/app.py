@@ -194,6 +194,7 @@ COMMAND_MODULES = {
     "outdated": "builder.cli.upstream",
     "propose": "builder.cli.upstream",
     "diff": "builder.cli.upstream",
+    "evidence": "builder.cli.evidence",
 }
 
 

@@ -8,6 +8,7 @@ host, not the command line.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,11 +21,12 @@ from builder.hosts import remote, topology
 from builder.hosts.deploy import apply, write_files
 from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
+from builder.image import address
 from builder.image.address import check_address
 from builder.image.engine import Engine
 from builder.image.hostprobe import Probe, gather, probe_for
-from builder.image.records import load_record
-from builder.image.registry import Registry
+from builder.image.records import Record, load_record
+from builder.image.registry import REGISTRY_ENV, Registry
 from builder.lock.lockfile import UNPINNED, lock_path, make_lock, read_lock, write_lock
 from builder.spec.serve import serve_argv
 from builder.spec.yamlsafe import load_yaml
@@ -121,6 +123,19 @@ def lock(settings: Settings, stack: str, versions_from: Path | None) -> None:
     "ssh://[USER@]HOST[:PORT] (keys from your ssh agent), unix:///PATH or tcp://HOST:PORT. "
     "Default: the engine of the machine that deploys.",
 )
+@click.option(
+    "--gpu-kind",
+    metavar="NAME",
+    help="The host's GPU as nvidia-smi names it (`sm120-stacks doctor` there prints it); "
+    "default: read on the host through its engine. The pin needs the image's passing served "
+    "verdict on it.",
+)
+@click.option(
+    "--allow-unserved",
+    is_flag=True,
+    help="Pin an image whose smoke never served on the host's GPU kind (the pin records it; "
+    "`verify` and `list` show it).",
+)
 @hosts_dir_option
 @pass_settings
 @user_errors
@@ -135,9 +150,15 @@ def pin(
     env: tuple[str, ...],
     restart: str,
     host_engine: str | None,
+    gpu_kind: str | None,
+    allow_unserved: bool,
     hosts_dir: Path | None,
 ) -> None:
     """Pin HOST to the tested, pushed image of STACK's current content: hosts/HOST.yaml.
+
+    A stack that serves on a GPU needs the image's passing served verdict on the host's GPU
+    kind. Where this build folder has no record of the image (tested and pushed elsewhere),
+    the verdicts come from its evidence in the registry (--registry), checked.
 
     A pin that replaces a different one keeps it as hosts/previous/HOST.yaml: what
     `deploy --all --apply` puts the host back on when the new one fails its gate.
@@ -148,19 +169,53 @@ def pin(
     repository = Registry.parse(registry).repository if registry else None
     if host_engine is not None:
         check_address(host_engine, key="--engine")
+    if record.tests != "passed" or not record.pushed:
+        record = _record_from_registry(registry, stack, content_hash, record)
+    if gpu_kind is None and resolved.manifest.smoke.needs_gpu:
+        gpu_kind = _host_gpu_kind(host_engine)
     options = PinOptions(
-        gpus=gpus, ports=ports, volumes=volumes, env=env, restart=restart, engine=host_engine
+        gpus=gpus,
+        ports=ports,
+        volumes=volumes,
+        env=env,
+        restart=restart,
+        engine=host_engine,
+        gpu_kind=gpu_kind,
+        allow_unserved=allow_unserved,
     )
     made = make_pin(host, resolved, content_hash, record, repository, options)
     path = write_pin(_hosts_dir(settings, hosts_dir), made)
     click.echo(f"pinned {host} to {made.image}\n  {path}")
-    if (record.smoke or "").startswith("skipped"):
+    if made.served_on is not None:
+        click.echo(f"  relies on its served verdict on {made.served_on}")
+    if made.allow_unserved:
         click.echo(
-            f"warning: the image passed its static checks but its smoke prompt was "
-            f"{record.smoke}; run `sm120-stacks test {stack} --require-gpu` on a host with "
-            "the stack's GPU before serving from it",
+            f"warning: pinned with --allow-unserved: the image never served on "
+            f"{gpu_kind or 'the host GPU kind'} (static checks only); run `sm120-stacks test "
+            f"{stack} --require-gpu` on such a host before serving from it",
             err=True,
         )
+
+
+def _record_from_registry(
+    registry: str | None, stack: str, content_hash: str, local: Record
+) -> Record:
+    """What the registry's evidence says of the image, where this build folder knows less."""
+    from builder.cli.evidence import print_verdicts
+    from builder.evidence.reader import read_evidence
+
+    if registry is None and not os.environ.get(REGISTRY_ENV):
+        return local  # make_pin says what is missing, and how to get it
+    evidence = read_evidence(Registry.parse(registry), stack, content_hash)
+    print_verdicts(evidence)
+    return evidence.record()
+
+
+def _host_gpu_kind(host_engine: str | None) -> str | None:
+    """The host's GPU as nvidia-smi names it, read on the host (through its engine's
+    machine: here, or over ssh); None where none can be read."""
+    facts = gather(None, None, probe_for(host_engine or address.from_environment()))
+    return facts.gpus[0].name if facts.gpus else None
 
 
 @cli.command()

@@ -187,15 +187,25 @@ def build(
 @pass_settings
 @user_errors
 def push(settings: Settings, stack: str, registry: str | None, force: bool) -> None:
-    """Push the stack's current image (content tag and moving tag); print its digest."""
-    pushed = push_stack(
-        settings.render(settings.checked(stack)),
-        settings.build_dir,
-        settings.connect(),
-        Registry.parse(registry),
-        force=force,
+    """Push the stack's current image (content tag and moving tag) and its evidence beside it
+    (verdicts and test report, SBOM, provenance); print its digest."""
+    from builder.evidence.attach import attach_evidence
+    from builder.image.buildclient import detect_build_client
+    from builder.image.records import load_record
+
+    resolved = settings.checked(stack)
+    rendered = settings.render(resolved)
+    engine = settings.connect()
+    target = Registry.parse(registry)
+    pushed = push_stack(rendered, settings.build_dir, engine, target, force=force)
+    record = load_record(settings.build_dir, stack, pushed.content_hash)
+    artifacts = attach_evidence(
+        engine, target, resolved, rendered, record, pushed.digest_ref, detect_build_client().kind
     )
     click.echo(pushed.digest_ref)
+    for artifact in artifacts:
+        kind = artifact.annotation("dev.sm120-stacks.kind")
+        click.echo(f"evidence: {kind} {artifact.digest}", err=True)
 
 
 @cli.command()
@@ -205,12 +215,21 @@ def push(settings: Settings, stack: str, registry: str | None, force: bool) -> N
 @pass_settings
 @user_errors
 def pull(settings: Settings, stack: str, registry: str | None) -> None:
-    """Pull the image of the stack's current content hash."""
-    click.echo(
-        pull_stack(
-            settings.render(settings.checked(stack)),
-            settings.build_dir,
-            settings.connect(),
-            Registry.parse(registry),
-        )
-    )
+    """Pull the image of the stack's current content hash, with the verdicts its evidence in
+    the registry gives (checked: they must name the image and be intact); they are recorded
+    here, so `pin` can rely on them."""
+    from builder.cli.evidence import print_verdicts
+    from builder.evidence.reader import read_evidence
+    from builder.image.records import load_record, save_record
+
+    rendered = settings.render(settings.checked(stack))
+    source = Registry.parse(registry)
+    evidence = read_evidence(source, stack, rendered.content_hash())
+    click.echo(pull_stack(rendered, settings.build_dir, settings.connect(), source))
+    record = load_record(settings.build_dir, stack, rendered.content_hash())
+    found = evidence.record()
+    record.tests, record.static, record.served = found.tests, found.static, found.served
+    record.smoke = record.smoke or found.smoke
+    record.pushed[source.repository] = evidence.ref
+    save_record(settings.build_dir, record)
+    print_verdicts(evidence)

@@ -41,7 +41,8 @@ def list_stacks(settings: Settings) -> None:
         "check",
         "content",
         "built",
-        "tested",
+        "static",
+        "served",
         "pushed",
     )
     #: Rows that could not be filled in, with the whole message (and what to run) for each.
@@ -82,7 +83,8 @@ def list_stacks(settings: Settings) -> None:
             verdict,
             content_hash[:HASH_CHARS],
             "yes" if record.image_id else "no",
-            _verdict(record),
+            record.static or _verdict(record),
+            _served(record),
             ", ".join(record.pushed) or "no",
         )
     out.print(table)
@@ -96,6 +98,13 @@ def _first_rule(violation: Violation) -> str:
     if affects is None or affects.fixed_in is None:
         return f"rule: {violation.rule.id}"
     return f"rule: {violation.rule.id} (fixed in {affects.package} {affects.fixed_in})"
+
+
+def _served(record: Record) -> str:
+    """The GPU kinds the image served on (a failed one marked), or why it has none."""
+    if record.served:
+        return ", ".join(v.gpu_kind + ("" if v.passed else " FAILED") for v in record.served)
+    return "skipped" if (record.smoke or "").startswith("skipped") else "no"
 
 
 def _verdict(record: Record) -> str:

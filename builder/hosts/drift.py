@@ -174,6 +174,14 @@ def config_drifts(pin: Pin, engine: Engine, attrs: dict[str, Any]) -> list[Drift
 def verify(pin: Pin, engine: Engine | None, engine_error: str | None, facts: HostFacts) -> Report:
     """Every drift between the host and its pin; prerequisites only when the pin uses GPUs."""
     report = Report(pin.host, pin.image)
+    if pin.allow_unserved:
+        report.drifts.append(
+            Drift(
+                "unserved",
+                "pinned with --allow-unserved: the image never served on this host's GPU kind "
+                "(static checks only)",
+            )
+        )
     if pin.gpus == "none":
         report.prerequisites = [
             Finding("gpu", True, "the pin gives the container no GPU: driver and GPU not needed")

@@ -28,7 +28,7 @@ from builder.files import write_atomic
 from builder.hosts.hostcheck import Requirements, requirements_for
 from builder.image.address import ADDRESS_PATTERN
 from builder.image.names import local_ref
-from builder.image.records import Record, require_tested
+from builder.image.records import CPU, Record, require_tested
 from builder.spec import imageref
 from builder.spec.archflags import capabilities
 from builder.spec.knowledge import parse_document
@@ -132,6 +132,11 @@ class Pin(Strict):
     #: The host's Docker engine (builder.image.address): ssh://USER@HOST for a remote host,
     #: reached with the user's ssh agent; absent: the engine of the machine deploy runs on.
     engine: EngineAddress | None = None
+    #: The GPU kind whose served verdict the pin relies on ("cpu" for a CPU stack); None: the
+    #: image never served on this host's kind and the pin was made with --allow-unserved.
+    served_on: Annotated[str, StringConstraints(max_length=200)] | None = None
+    #: Pinned with --allow-unserved: `verify` and `list` show it as a finding.
+    allow_unserved: bool = False
 
     @field_validator("gpus")
     @classmethod
@@ -157,6 +162,10 @@ class PinOptions:
     restart: str = "unless-stopped"
     #: The host's engine address, stored in the pin (None: the local engine).
     engine: str | None = None
+    #: The host's GPU kind (`doctor` on the host names it; None: not known).
+    gpu_kind: str | None = None
+    #: Pin an image that never served on the host's GPU kind (recorded in the pin).
+    allow_unserved: bool = False
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -302,6 +311,44 @@ def _without_time(text: str) -> str:
 # --- making a pin ------------------------------------------------------------------------------
 
 
+def _served_on(stack: ResolvedStack, record: Record, options: PinOptions, ref: str) -> str | None:
+    """The GPU kind whose passing served verdict the pin relies on; None where the image never
+    served on the host's kind and --allow-unserved says to pin it anyway (or, for a CPU stack,
+    whose smoke needs no GPU and whose test run passed, where no verdict was kept)."""
+    if not stack.manifest.smoke.needs_gpu:
+        cpu = record.served_on(CPU)
+        return CPU if cpu is not None and cpu.passed else None
+    if options.gpu_kind is None:
+        if options.allow_unserved:
+            return None
+        raise StackError(
+            f"the GPU kind of the host is not known, so no served verdict of {ref} can be "
+            "matched to it",
+            key="--gpu-kind",
+            hint="run the pin where the host's GPUs can be read (its engine: --engine), name "
+            "the kind (`sm120-stacks doctor` on the host prints it) with --gpu-kind, or pin "
+            "with --allow-unserved",
+        )
+    else:
+        kind = options.gpu_kind
+    verdict = record.served_on(kind)
+    if verdict is not None and verdict.passed:
+        return verdict.gpu_kind
+    if options.allow_unserved:
+        return None
+    served = ", ".join(
+        f"{v.gpu_kind} ({'passed' if v.passed else 'failed'})" for v in record.served
+    )
+    state = "failed" if verdict is not None else "never ran"
+    raise StackError(
+        f"{ref} has no passing served verdict on {kind}: its smoke there {state}"
+        f" (served on: {served or 'no GPU kind'}); only its static checks passed",
+        key="--gpu-kind",
+        hint=f"run `sm120-stacks test {stack.name} --require-gpu` on a host of that kind (or "
+        "`smoke --url URL --record` against one), then push; or pin with --allow-unserved",
+    )
+
+
 def make_pin(
     host: str,
     stack: ResolvedStack,
@@ -321,6 +368,7 @@ def make_pin(
         hint=f"run `sm120-stacks test {stack.name}` then push it",
     )
     image = _pushed_digest(record, repository, ref, stack.name)
+    served_on = _served_on(stack, record, options, ref)
     m = stack.manifest
     needs = requirements_for(list(m.gpus), stack.arch.min_driver)
     fields = dict(
@@ -341,6 +389,8 @@ def make_pin(
         restart=options.restart,
         engine=options.engine,
         health=Health(start_period_s=m.smoke.health_timeout_s),
+        served_on=served_on,
+        allow_unserved=served_on is None and m.smoke.needs_gpu,
         needs=HostNeeds(
             cuda=m.cuda,
             min_driver=needs.min_driver,

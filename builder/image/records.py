@@ -25,6 +25,47 @@ PushedRef = Annotated[str, StringConstraints(pattern=imageref.PINNED)]
 
 #: Records written before the field existed have schema 1's fields and are read as schema 1.
 RECORD_SCHEMA: Literal[1] = 1
+#: The GPU kind of a server without a GPU (a CPU stack's smoke).
+CPU = "cpu"
+
+
+def gpu_kind_key(kind: str) -> str:
+    """GPU kinds compare as nvidia-smi names them, case and spacing aside."""
+    return " ".join(kind.lower().split())
+
+
+class ServedVerdict(Strict):
+    """The image served its own serve command and was judged: on what, with what, how well.
+
+    One per GPU kind the image served on: a host of that kind may be pinned to it. From
+    `test` (the tool started the server) or `smoke --url --record` (a deployed host's server).
+    """
+
+    #: The GPU's product name as nvidia-smi prints it (e.g. "NVIDIA RTX PRO 6000 Blackwell
+    #: Server Edition"), or "cpu".
+    gpu_kind: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    gpu_count: int = Field(ge=0)
+    #: Compute capability ("12.0"); None for cpu or where it could not be read.
+    capability: str | None = None
+    #: Streaming multiprocessors; None: not read (nvidia-smi does not print it).
+    sm_count: int | None = None
+    driver: str | None = None
+    #: The CUDA version of the image (its stack's); the driver's own is implied by `driver`.
+    cuda: str | None = None
+    model_id: str
+    model_revision: str | None = None
+    serve_args: list[str]
+    #: Runtime compiles the server's log showed, per kind (knowledge/runtime_compiles.yaml).
+    compiles: dict[str, int] = Field(default_factory=dict)
+    ttft_s: float | None = None
+    single_stream_tok_s: float | None = None
+    batched_tok_s: float | None = None
+    passed: bool
+    source: Literal["test", "smoke --url"]
+    at: str
+
+    def on(self, kind: str) -> bool:
+        return gpu_kind_key(self.gpu_kind) == gpu_kind_key(kind)
 
 
 class Record(Strict):
@@ -41,6 +82,10 @@ class Record(Strict):
     #: The smoke prompt's part of that verdict: "passed", "failed", or "skipped: why" (no GPU
     #: here); a static pass with a skipped GPU smoke is still a pass, but says so.
     smoke: str | None = None
+    #: The static verdict alone (image checks, locked set, JIT table): what `push` needs.
+    static: Literal["passed", "failed"] | None = None
+    #: Each served verdict, one per GPU kind (the last one judged on that kind).
+    served: list[ServedVerdict] = Field(default_factory=list)
     #: registry repository -> pushed digest (repo@sha256:...).
     pushed: dict[str, PushedRef] = Field(default_factory=dict)
 
@@ -51,8 +96,17 @@ class Record(Strict):
             self.tests = None
             self.report = None
             self.smoke = None
+            self.static = None
+            self.served = []
             self.pushed = {}
         self.image_id = image_id
+
+    def add_served(self, verdict: ServedVerdict) -> None:
+        """The newest verdict on a GPU kind replaces the one before it."""
+        self.served = [v for v in self.served if not v.on(verdict.gpu_kind)] + [verdict]
+
+    def served_on(self, kind: str) -> ServedVerdict | None:
+        return next((v for v in self.served if v.on(kind)), None)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

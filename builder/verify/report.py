@@ -48,12 +48,27 @@ class TestReport:
     path: str = ""
 
     @property
+    def static_passed(self) -> bool:
+        """The image checks, the locked set and the JIT table: what `push` needs."""
+        return all(c.passed or c.skipped for c in self.checks)
+
+    @property
+    def served(self) -> str:
+        """passed / failed: the image served its own command and was judged; else why not."""
+        if self.smoke is None:
+            return f"not served ({self.smoke_skipped or 'no smoke ran'})"
+        return "passed" if self.smoke.get("passed") else "failed"
+
+    @property
     def passed(self) -> bool:
-        static_ok = all(c.passed or c.skipped for c in self.checks)
         smoke_ok = self.smoke is None or bool(self.smoke.get("passed"))
-        return static_ok and smoke_ok
+        return self.static_passed and smoke_ok
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["passed"] = self.passed
+        data["verdicts"] = {
+            "static": "passed" if self.static_passed else "failed",
+            "served": self.served,
+        }
         return data

@@ -23,6 +23,7 @@ from builder.errors import StackError
 from builder.files import write_atomic
 from builder.image.build import find_image
 from builder.image.engine import ContainerSpec, Engine
+from builder.image.hostprobe import gather
 from builder.image.names import HASH_CHARS, local_ref
 from builder.image.records import load_record, save_record
 from builder.lock.lockfile import Lock
@@ -30,6 +31,7 @@ from builder.render.context import RenderedContext
 from builder.spec.resolve import ResolvedStack
 from builder.verify.expectations import expectations
 from builder.verify.report import CacheRow, CheckResult, TestReport
+from builder.verify.served import served_verdict
 
 #: Runs the smoke prompt on an image (ref, report folder): its JSON report, or why it was skipped.
 SmokeRunner = Callable[[str, Path], dict[str, Any] | str]
@@ -77,7 +79,7 @@ def cache_table(engine: Engine, stack: ResolvedStack, image_ref: str) -> list[Ca
 
 def module_rows(engine: Engine, stack: ResolvedStack, image_ref: str) -> list[CacheRow]:
     tool = "/opt/sm120-stacks/tools/flashinfer_jit.py"
-    output = _run_capture(engine, image_ref, ["python", tool, "verify", *stack.jit_modules])
+    output = run_capture(engine, image_ref, ["python", tool, "verify", *stack.jit_modules])
     expected = stack.module_archs()
     rows = []
     for line in output.splitlines():
@@ -149,7 +151,7 @@ def add_smoke(report: TestReport, outcome: dict[str, Any] | str) -> None:
         report.jit_cache += kernel_rows(outcome.get("kernel_cache"))
 
 
-def _run_capture(engine: Engine, image_ref: str, command: list[str]) -> str:
+def run_capture(engine: Engine, image_ref: str, command: list[str]) -> str:
     container = engine.run(
         ContainerSpec(image=image_ref, command=tuple(command), network_mode="none")
     )
@@ -220,6 +222,10 @@ def validate(
     write_atomic(path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
     record = load_record(build_dir, stack.name, content_hash)
     record.tests = "passed" if report.passed else "failed"
+    record.static = "passed" if report.static_passed else "failed"
+    if report.smoke is not None:
+        facts = None if not stack.manifest.smoke.needs_gpu else gather(engine, None)
+        record.add_served(served_verdict(stack, report.smoke, facts, "test"))
     record.report = str(path)
     record.smoke = (
         f"skipped: {report.smoke_skipped}"

@@ -1,0 +1,73 @@
+"""`evidence`: what the registry holds for an image, every piece checked; shared printing."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from builder.cli.app import Settings, cli, pass_settings, user_errors
+from builder.evidence.reader import Evidence, read_evidence
+from builder.image.registry import Registry
+
+
+def print_verdicts(evidence: Evidence) -> None:
+    """The verdicts a pull or pin relies on, as the registry's evidence gives them."""
+    click.echo(f"evidence of {evidence.ref} ({evidence.found_by}):")
+    click.echo(f"  static: {evidence.static or 'not run'}  (tests: {evidence.tests or 'not run'})")
+    if not evidence.served:
+        click.echo("  served: never (no smoke ran the image's serve command)")
+    for verdict in evidence.served:
+        speeds = (
+            f"ttft {verdict.ttft_s} s, {verdict.single_stream_tok_s} tok/s single, "
+            f"{verdict.batched_tok_s} tok/s batched"
+        )
+        compiles = ", ".join(f"{k} {n}" for k, n in sorted(verdict.compiles.items()) if n)
+        click.echo(
+            f"  served on {verdict.gpu_kind} x{verdict.gpu_count}"
+            f"{' (compute ' + verdict.capability + ')' if verdict.capability else ''}, "
+            f"driver {verdict.driver or 'unknown'}: {'passed' if verdict.passed else 'FAILED'}"
+            f" ({verdict.source}, {verdict.at}); {speeds}; compiles: {compiles or 'none'}"
+        )
+    if evidence.floating_base:
+        click.echo("  warning: built on a base image not pinned by digest (--allow-floating-base)")
+
+
+@cli.command("evidence")
+@click.argument("image")
+@click.option("--registry", help="HOST[:PORT][/NAMESPACE] (default: SM120_STACKS_REGISTRY).")
+@click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
+@pass_settings
+@user_errors
+def evidence_cmd(settings: Settings, image: str, registry: str | None, as_json: bool) -> None:
+    """What the registry holds for IMAGE (a stack: its current content; or a tag or sha256
+    digest of the stacks' repository): verdicts, the GPU kinds it served on, an SBOM summary,
+    the provenance. Exit status 2 when any of it cannot be relied on."""
+    source = Registry.parse(registry)
+    if image.startswith("sha256:") or ":" in image:
+        reference = image.rpartition("@")[2] if "@" in image else image.rpartition(":")[2]
+        evidence = read_evidence(source, image, reference=reference)
+    else:
+        content_hash = settings.render(settings.resolve(image)).content_hash()
+        evidence = read_evidence(source, image, content_hash)
+    if as_json:
+        click.echo(json.dumps(evidence.to_json(), indent=2, sort_keys=True))
+        return
+    print_verdicts(evidence)
+    if evidence.sbom is not None:
+        parts = ", ".join(f"{n} {k}" for k, n in evidence.sbom.items())
+        click.echo(f"  sbom: {parts} components")
+    if evidence.provenance is not None:
+        definition = evidence.provenance["predicate"]["buildDefinition"]
+        commit = next(
+            (
+                d["digest"]["gitCommit"]
+                for d in definition.get("resolvedDependencies", [])
+                if "gitCommit" in d.get("digest", {})
+            ),
+            "unknown",
+        )
+        click.echo(
+            f"  provenance: stack {definition['externalParameters']['stack']}, tool commit "
+            f"{commit}, engine {definition['internalParameters']['engine']}"
+        )

@@ -1,0 +1,174 @@
+"""Push an image's evidence beside it: the verdict document, the SBOM, the provenance.
+
+Run by `push` once the image is in the registry (the artifacts name its manifest digest, which
+only the registry knows), and by `smoke --url --record`, which adds a served verdict from a
+deployed host: one host's smoke counts for every host of its GPU kind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from builder.evidence import documents
+from builder.evidence.documents import (
+    KIND_ANNOTATION,
+    PROVENANCE_TYPE,
+    SBOM_TYPE,
+    SUBJECT_ANNOTATION,
+    VERDICT_TYPE,
+    ImageContents,
+    ProvenanceInputs,
+    SbomInputs,
+)
+from builder.evidence.oci import ArtifactStore, Descriptor
+from builder.image.engine import Engine
+from builder.image.names import local_ref
+from builder.image.records import Record, ServedVerdict
+from builder.image.registry import Registry
+from builder.lock.lockfile import Lock
+from builder.render.context import JIT_WORKSPACE, RenderedContext
+from builder.spec.resolve import ResolvedStack
+from builder.verify.validate import run_capture
+
+_SPLIT = "===sm120-stacks==="
+#: One container of the image lists what it holds: dpkg's status, the precompiled modules'
+#: sha256, and (for a stack without a lock) what pip has installed.
+_CONTENTS_SCRIPT = (
+    "cat /var/lib/dpkg/status 2>/dev/null; echo " + _SPLIT + "; "
+    ". /etc/os-release 2>/dev/null; echo ${ID:-debian}; echo " + _SPLIT + "; "
+    f"find {JIT_WORKSPACE} -name '*.so' -type f -exec sha256sum {{}} + 2>/dev/null; "
+    "echo " + _SPLIT + "; "
+    "python3 -m pip list --format=json 2>/dev/null || echo '[]'"
+)
+
+
+def image_contents(engine: Engine, image_ref: str) -> ImageContents:
+    out = run_capture(engine, image_ref, ["sh", "-c", _CONTENTS_SCRIPT])
+    parts = out.split(_SPLIT + "\n")
+    parts += [""] * (4 - len(parts))
+    status, distro, sums, pip = parts[:4]
+    jit = []
+    for line in sums.splitlines():
+        digest, _, path = line.partition("  ")
+        if len(digest) == 64 and path:
+            jit.append((path.strip(), digest))
+    try:
+        listed = json.loads(pip.strip() or "[]")
+    except json.JSONDecodeError:
+        listed = []
+    return ImageContents(
+        os_packages=tuple(documents.parse_dpkg_status(status)),
+        distro=distro.strip() or "debian",
+        jit_files=tuple(sorted(jit)),
+        pip_packages=tuple(sorted((str(p["name"]), str(p["version"])) for p in listed)),
+    )
+
+
+def _bases(stack: ResolvedStack, lock: Lock | None) -> list[tuple[str, str | None]]:
+    if lock is not None:
+        return [(b.image, b.digest) for b in (lock.bases.build, lock.bases.runtime)]
+    m = stack.manifest.bases
+    return [(b.image, b.digest) for b in (m.build, m.runtime)]
+
+
+def floating_base(stack: ResolvedStack, lock: Lock | None) -> bool:
+    return any(digest is None for _, digest in _bases(stack, lock))
+
+
+def attach_evidence(
+    engine: Engine,
+    registry: Registry,
+    stack: ResolvedStack,
+    rendered: RenderedContext,
+    record: Record,
+    digest_ref: str,
+    build_client: str,
+) -> list[Descriptor]:
+    """The verdict document, SBOM and provenance of the image pushed as digest_ref."""
+    store = ArtifactStore(registry)
+    digest = digest_ref.rpartition("@")[2]
+    subject = store.image(digest)
+    lock = rendered.lock
+    report = _report(record)
+    floating = floating_base(stack, lock)
+    verdict = documents.verdict_document(digest, registry.repository, record, report, floating)
+    contents = image_contents(engine, _local(rendered))
+    locked = []
+    notes = []
+    if lock is not None:
+        for name, package in sorted({**lock.python.heavy, **lock.python.packages}.items()):
+            locked.append((name, str(package.version), list(package.hashes)))
+        contents = ImageContents(contents.os_packages, contents.distro, contents.jit_files)
+    else:
+        notes.append("no lock: Python packages as pip lists them in the image, without hashes")
+    if floating:
+        notes.append("a base image is not pinned by digest (--allow-floating-base)")
+    sbom = documents.sbom(
+        SbomInputs(registry.repository, digest, locked, _bases(stack, lock), contents, notes)
+    )
+    files = {"Dockerfile": rendered.dockerfile.encode()}
+    for source in stack.sources:
+        files[f"stacks/{source.name}"] = source.read_bytes()
+    if lock is not None:
+        lock_file = stack.sources[0].with_name(f"{stack.name}.lock")
+        if lock_file.is_file():
+            files[f"stacks/{lock_file.name}"] = lock_file.read_bytes()
+    statement = documents.provenance(
+        ProvenanceInputs(
+            repository=registry.repository,
+            digest=digest,
+            stack=stack.name,
+            content_hash=rendered.content_hash(),
+            files=files,
+            bases=_bases(stack, lock),
+            engine=engine.address or "unix:///var/run/docker.sock",
+            build_client=build_client,
+            commit=documents.git_commit(),
+        )
+    )
+    pushed = []
+    for kind, media_type, payload in (
+        ("verdict", VERDICT_TYPE, documents.canonical(verdict)),
+        ("sbom", SBOM_TYPE, sbom),
+        ("provenance", PROVENANCE_TYPE, statement),
+    ):
+        annotations = {SUBJECT_ANNOTATION: digest, KIND_ANNOTATION: kind}
+        pushed.append(store.attach(subject, media_type, media_type, payload, annotations))
+    return pushed
+
+
+def attach_served(
+    registry: Registry,
+    digest: str,
+    record: Record,
+    verdict: ServedVerdict,
+    report: dict[str, Any],
+) -> Descriptor:
+    """A served verdict from a deployed host, as one more verdict document of the image."""
+    store = ArtifactStore(registry)
+    subject = store.image(digest)
+    one = record.model_copy(update={"served": [verdict], "static": None, "tests": None})
+    document = documents.verdict_document(digest, registry.repository, one, report, False)
+    annotations = {SUBJECT_ANNOTATION: digest, KIND_ANNOTATION: "verdict"}
+    return store.attach(
+        subject, VERDICT_TYPE, VERDICT_TYPE, documents.canonical(document), annotations
+    )
+
+
+def _report(record: Record) -> dict[str, Any] | None:
+    if record.report is None or not Path(record.report).is_file():
+        return None
+    try:
+        loaded = json.loads(Path(record.report).read_text())
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def _local(rendered: RenderedContext) -> str:
+    return local_ref(rendered.stack, rendered.content_hash())
+
+
+__all__ = ["attach_evidence", "attach_served", "floating_base", "image_contents"]

@@ -1,0 +1,299 @@
+"""The three documents an image carries into the registry, each with its own media type.
+
+- The verdict document: the static verdict, every served verdict (GPU kind, driver, model,
+  serve arguments, compiles by kind, speeds) and the whole test report they came from, naming
+  the image digest it judged.
+- An SBOM in CycloneDX 1.6 JSON, made with CycloneDX's own library: every Python package of
+  the lock with its hashes (a stack without a lock: what the image's pip lists, without
+  hashes, and the SBOM says so), the base image by digest, the OS packages of the image's dpkg
+  status, and the precompiled JIT modules with their sha256.
+- A provenance statement: an in-toto Statement v1 with an SLSA v1 provenance predicate (the
+  manifest, lock and rendered Dockerfile by sha256, the project's git commit, the engine and
+  the build client).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from builder import REPO_ROOT
+from builder.image.records import Record
+
+VERDICT_TYPE = "application/vnd.sm120-stacks.verdict.v1+json"
+SBOM_TYPE = "application/vnd.cyclonedx+json"
+PROVENANCE_TYPE = "application/vnd.in-toto+json"
+VERDICT_SCHEMA = "https://sm120-stacks.dev/verdict/v1"
+SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
+IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
+BUILD_TYPE = "https://sm120-stacks.dev/buildtypes/stack/v1"
+#: The annotation every artifact carries: which image (manifest digest) it speaks of.
+SUBJECT_ANNOTATION = "dev.sm120-stacks.subject"
+KIND_ANNOTATION = "dev.sm120-stacks.kind"
+
+
+def canonical(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def verdict_document(
+    digest: str,
+    repository: str,
+    record: Record,
+    report: dict[str, Any] | None,
+    floating_base: bool,
+) -> dict[str, Any]:
+    """What the image passed: record's verdicts, the report they came from, the digest."""
+    return {
+        "schema": VERDICT_SCHEMA,
+        "image": {"repository": repository, "digest": digest},
+        "stack": record.stack,
+        "content_hash": record.content_hash,
+        "static": record.static,
+        "tests": record.tests,
+        "served": [v.model_dump(mode="json") for v in record.served],
+        "floating_base": floating_base,
+        "report": report,
+        "recorded_at": _now(),
+    }
+
+
+@dataclass(frozen=True)
+class ImageContents:
+    """What the image holds, read from it (one container of the image, no network)."""
+
+    #: (name, version, architecture) of each installed dpkg package.
+    os_packages: tuple[tuple[str, str, str], ...]
+    #: The distribution's ID (debian, ubuntu) from /etc/os-release, for the packages' purls.
+    distro: str
+    #: (path, sha256) of each precompiled JIT module file.
+    jit_files: tuple[tuple[str, str], ...]
+    #: (name, version) of each Python package pip lists in the image (a stack without a lock).
+    pip_packages: tuple[tuple[str, str], ...] = ()
+
+
+def parse_dpkg_status(text: str) -> list[tuple[str, str, str]]:
+    """Installed packages of a dpkg status file: (name, version, architecture)."""
+    found = []
+    for stanza in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in stanza.splitlines():
+            key, sep, value = line.partition(":")
+            if sep and not line.startswith(" "):
+                fields[key.strip()] = value.strip()
+        if fields.get("Package") and "installed" in fields.get("Status", "").split():
+            found.append(
+                (fields["Package"], fields.get("Version", ""), fields.get("Architecture", ""))
+            )
+    return sorted(found)
+
+
+@dataclass
+class SbomInputs:
+    image: str
+    digest: str
+    #: (name, version, [sha256 hex...]) of each locked Python package.
+    locked: list[tuple[str, str, list[str]]]
+    #: (reference, digest or None) of each base image.
+    bases: list[tuple[str, str | None]]
+    contents: ImageContents
+    notes: list[str] = field(default_factory=list)
+
+
+def sbom(inputs: SbomInputs) -> bytes:
+    """A CycloneDX 1.6 JSON document of the image (see the module's docstring)."""
+    from cyclonedx.model import HashAlgorithm, HashType, Property
+    from cyclonedx.model.bom import Bom
+    from cyclonedx.model.component import Component, ComponentType
+    from cyclonedx.output.json import JsonV1Dot6
+    from packageurl import PackageURL
+
+    def sha256(hexes: list[str]) -> list[HashType]:
+        return [HashType(alg=HashAlgorithm.SHA_256, content=h) for h in hexes]
+
+    bom = Bom()
+    root = Component(
+        name=inputs.image,
+        version=inputs.digest,
+        type=ComponentType.CONTAINER,
+        bom_ref=f"image/{inputs.digest}",
+        properties=[Property(name="sm120-stacks:note", value=n) for n in inputs.notes],
+    )
+    bom.metadata.component = root
+    components = []
+    for name, version, hashes in inputs.locked:
+        purl = PackageURL(type="pypi", name=name, version=version)
+        components.append(
+            Component(
+                name=name,
+                version=version,
+                type=ComponentType.LIBRARY,
+                purl=purl,
+                hashes=sha256([h.removeprefix("sha256:") for h in hashes]),
+                bom_ref=f"pypi/{name}@{version}",
+            )
+        )
+    for name, version in inputs.contents.pip_packages:
+        purl = PackageURL(type="pypi", name=name, version=version)
+        components.append(
+            Component(
+                name=name,
+                version=version,
+                type=ComponentType.LIBRARY,
+                purl=purl,
+                bom_ref=f"pypi/{name}@{version}",
+            )
+        )
+    for reference, digest in inputs.bases:
+        name, _, tag = reference.rpartition(":") if "@" not in reference else (reference, "", "")
+        components.append(
+            Component(
+                name=name or reference,
+                version=digest or f"{tag} (not pinned by digest)",
+                type=ComponentType.CONTAINER,
+                bom_ref=f"base/{reference}",
+            )
+        )
+    for name, version, arch in inputs.contents.os_packages:
+        purl = PackageURL(
+            type="deb",
+            namespace=inputs.contents.distro,
+            name=name,
+            version=version,
+            qualifiers={"arch": arch} if arch else None,
+        )
+        components.append(
+            Component(
+                name=name,
+                version=version,
+                type=ComponentType.LIBRARY,
+                purl=purl,
+                bom_ref=f"deb/{name}@{version}",
+            )
+        )
+    for path, digest in inputs.contents.jit_files:
+        components.append(
+            Component(
+                name=path,
+                type=ComponentType.FILE,
+                hashes=sha256([digest]),
+                bom_ref=f"jit/{path}",
+            )
+        )
+    seen: set[str] = set()
+    for component in components:
+        if str(component.bom_ref) not in seen:  # a package both locked and listed: once
+            seen.add(str(component.bom_ref))
+            bom.components.add(component)
+    bom.register_dependency(root, list(bom.components))
+    return JsonV1Dot6(bom).output_as_string(indent=None).encode()
+
+
+def sbom_summary(document: dict[str, Any]) -> dict[str, int]:
+    """How many components of each kind an SBOM lists (what `evidence` prints)."""
+    counts = {"python": 0, "os": 0, "jit": 0, "base": 0}
+    for component in document.get("components") or []:
+        ref = str(component.get("bom-ref", ""))
+        kind = ref.partition("/")[0]
+        key = {"pypi": "python", "deb": "os", "jit": "jit", "base": "base"}.get(kind)
+        if key is not None:
+            counts[key] += 1
+    return counts
+
+
+def git_commit() -> str | None:
+    """The project's commit the tool runs from; None outside a git checkout."""
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = result.stdout.strip()
+    return commit if result.returncode == 0 and len(commit) == 40 else None
+
+
+@dataclass
+class ProvenanceInputs:
+    repository: str
+    digest: str
+    stack: str
+    content_hash: str
+    files: dict[str, bytes]
+    bases: list[tuple[str, str | None]]
+    engine: str
+    build_client: str
+    commit: str | None
+    started: str | None = None
+
+
+def provenance(inputs: ProvenanceInputs) -> bytes:
+    """An in-toto Statement v1 with an SLSA v1 provenance predicate of the image build."""
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in inputs.files.items()}
+    dependencies: list[dict[str, Any]] = [
+        {"uri": f"docker-image://{reference}", "digest": {"sha256": d.removeprefix("sha256:")}}
+        if d
+        else {"uri": f"docker-image://{reference}", "annotations": {"pinned": False}}
+        for reference, d in inputs.bases
+    ]
+    if inputs.commit:
+        dependencies.append(
+            {"uri": "git+sm120-stacks", "digest": {"gitCommit": inputs.commit}, "name": "tool"}
+        )
+    statement = {
+        "_type": IN_TOTO_STATEMENT,
+        "subject": [
+            {"name": inputs.repository, "digest": {"sha256": inputs.digest.removeprefix("sha256:")}}
+        ],
+        "predicateType": SLSA_PROVENANCE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {
+                    "stack": inputs.stack,
+                    "content_hash": inputs.content_hash,
+                    "files": {name: {"sha256": d} for name, d in sorted(digests.items())},
+                },
+                "internalParameters": {
+                    "engine": inputs.engine,
+                    "build_client": inputs.build_client,
+                },
+                "resolvedDependencies": dependencies,
+            },
+            "runDetails": {
+                "builder": {"id": "https://sm120-stacks.dev/builder"},
+                "metadata": {"invocationId": inputs.content_hash, "finishedOn": _now()},
+            },
+        },
+    }
+    return canonical(statement)
+
+
+__all__ = [
+    "KIND_ANNOTATION",
+    "PROVENANCE_TYPE",
+    "SBOM_TYPE",
+    "SUBJECT_ANNOTATION",
+    "VERDICT_TYPE",
+    "ImageContents",
+    "ProvenanceInputs",
+    "SbomInputs",
+    "canonical",
+    "git_commit",
+    "parse_dpkg_status",
+    "provenance",
+    "sbom",
+    "sbom_summary",
+    "verdict_document",
+]

@@ -1,0 +1,286 @@
+"""Artifacts that refer to an image, in an OCI registry, through ORAS's client.
+
+An artifact is an OCI image manifest whose `artifactType` says what it is, whose one layer is
+the document, whose config is the empty descriptor and whose `subject` is the image's manifest
+descriptor (OCI image spec 1.1, "artifacts guidance"). Finding an image's artifacts:
+
+- the referrers API (`GET /v2/NAME/referrers/DIGEST`, distribution spec 1.1) where the registry
+  answers it with an image index;
+- otherwise the referrers tag scheme of the same spec: an image index tagged `sha256-<hex>` of
+  the subject digest, listing every artifact; the pusher updates it (read, add, put). Debian's
+  docker-registry (distribution 2.8) has no referrers API: this is what it gets.
+
+Every manifest and blob read back is checked against the digest it was asked for; the
+registry's word alone never counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.errors import OperationFailed, StackError, ToolMissing
+from builder.image.names import REPOSITORY
+from builder.image.registry import Registry
+
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+INDEX = "application/vnd.oci.image.index.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+EMPTY = "application/vnd.oci.empty.v1+json"
+EMPTY_BYTES = b"{}"
+#: What an image's own manifest may be (the engine pushes Docker v2 manifests).
+IMAGE_MEDIA_TYPES = (MANIFEST, DOCKER_MANIFEST, INDEX, DOCKER_LIST)
+#: Registries answer in seconds or not at all; a blob here is a few hundred kB at most.
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    media_type: str
+    digest: str
+    size: int
+    artifact_type: str | None = None
+    annotations: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "mediaType": self.media_type,
+            "digest": self.digest,
+            "size": self.size,
+        }
+        if self.artifact_type:
+            data["artifactType"] = self.artifact_type
+        if self.annotations:
+            data["annotations"] = dict(self.annotations)
+        return data
+
+    @classmethod
+    def of(cls, data: Any) -> Descriptor:
+        if not isinstance(data, dict):
+            raise ValueError("a descriptor is a JSON object")
+        annotations = data.get("annotations") or {}
+        return cls(
+            media_type=str(data["mediaType"]),
+            digest=str(data["digest"]),
+            size=int(data["size"]),
+            artifact_type=data.get("artifactType"),
+            annotations=tuple(sorted((str(k), str(v)) for k, v in annotations.items())),
+        )
+
+    def annotation(self, key: str) -> str | None:
+        return dict(self.annotations).get(key)
+
+
+def referrers_tag(digest: str) -> str:
+    """The distribution spec's fallback tag of a subject: `sha256-<hex>`."""
+    algorithm, _, hexdigest = digest.partition(":")
+    return f"{algorithm}-{hexdigest}"
+
+
+class ArtifactStore:
+    """Artifacts of images in one registry repository (the stacks' repository)."""
+
+    def __init__(self, registry: Registry) -> None:
+        import oras.provider
+
+        self.registry = registry
+        self.insecure = _plain_http(registry.host)
+        self.client = oras.provider.Registry(hostname=registry.host, insecure=self.insecure)
+        self.name = "/".join([*([registry.namespace] if registry.namespace else []), REPOSITORY])
+        self.base = f"{'http' if self.insecure else 'https'}://{registry.host}/v2/{self.name}"
+
+    # -- reading --
+
+    def image(self, reference: str) -> Descriptor:
+        """The descriptor of the image manifest a tag or digest names (its bytes' digest)."""
+        data, media_type = self._manifest(reference, IMAGE_MEDIA_TYPES)
+        digest = sha256_digest(data)
+        if reference.startswith("sha256:") and digest != reference:
+            raise _tampered(f"manifest {reference}", digest)
+        return Descriptor(media_type, digest, len(data))
+
+    def manifest(self, descriptor: Descriptor) -> dict[str, Any]:
+        """An artifact's manifest, checked against its descriptor."""
+        data, _ = self._manifest(descriptor.digest, (descriptor.media_type,))
+        if sha256_digest(data) != descriptor.digest or len(data) != descriptor.size:
+            raise _tampered(f"manifest {descriptor.digest}", sha256_digest(data))
+        parsed = json.loads(data)
+        if not isinstance(parsed, dict):
+            raise OperationFailed(f"manifest {descriptor.digest} is not a JSON object")
+        return parsed
+
+    def blob(self, descriptor: Descriptor) -> bytes:
+        """A blob's bytes, checked against its descriptor (size and sha256)."""
+        if descriptor.size > MAX_DOCUMENT_BYTES:
+            raise OperationFailed(f"blob {descriptor.digest} is {descriptor.size} bytes: too big")
+        response = self._request("GET", f"/blobs/{descriptor.digest}")
+        if response.status_code == 404:
+            raise StackError(f"the registry has no blob {descriptor.digest}")
+        _ok(response, f"blob {descriptor.digest}")
+        data = response.content
+        if sha256_digest(data) != descriptor.digest or len(data) != descriptor.size:
+            raise _tampered(f"blob {descriptor.digest}", sha256_digest(data))
+        return bytes(data)
+
+    def referrers(self, subject: str) -> tuple[list[Descriptor], str]:
+        """The artifacts that name subject, and how they were found ("referrers API" or
+        "referrers tag")."""
+        response = self._request("GET", f"/referrers/{subject}", accept=INDEX)
+        kind = response.headers.get("content-type", "").split(";")[0]
+        if response.status_code == 200 and kind == INDEX:
+            return _index_entries(response.content), "referrers API"
+        return self._tag_index(subject), "referrers tag"
+
+    def has_referrers_api(self) -> bool:
+        probe = "sha256:" + "0" * 64
+        response = self._request("GET", f"/referrers/{probe}", accept=INDEX)
+        kind = response.headers.get("content-type", "").split(";")[0]
+        return bool(response.status_code == 200 and kind == INDEX)
+
+    # -- writing --
+
+    def attach(
+        self,
+        subject: Descriptor,
+        artifact_type: str,
+        media_type: str,
+        payload: bytes,
+        annotations: dict[str, str],
+    ) -> Descriptor:
+        """Push payload as an artifact referring to subject; its manifest's descriptor."""
+        layer = self._put_blob(payload, media_type)
+        config = self._put_blob(EMPTY_BYTES, EMPTY)
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST,
+            "artifactType": artifact_type,
+            "config": config.to_json(),
+            "layers": [layer.to_json()],
+            "subject": subject.to_json(),
+            "annotations": annotations,
+        }
+        data = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+        digest = sha256_digest(data)
+        self._put_manifest(digest, data, MANIFEST)
+        found = Descriptor(
+            MANIFEST,
+            digest,
+            len(data),
+            artifact_type,
+            tuple(sorted(annotations.items())),
+        )
+        if not self.has_referrers_api():
+            self._add_to_tag_index(subject.digest, found)
+        return found
+
+    # -- the registry's HTTP, through ORAS's session (auth, retries) --
+
+    def _request(self, method: str, path: str, accept: str | None = None, **kwargs: Any) -> Any:
+        import requests
+
+        headers = {**self.client.headers, **kwargs.pop("headers", {})}
+        if accept:
+            headers["Accept"] = accept
+        try:
+            return self.client.do_request(self.base + path, method, headers=headers, **kwargs)
+        except (requests.RequestException, ValueError) as exc:
+            raise ToolMissing(
+                f"cannot reach the registry {self.registry.host} ({exc.__class__.__name__}: "
+                f"{str(exc)[:200]})",
+                hint="start it, or check --registry / SM120_STACKS_REGISTRY",
+            ) from None
+
+    def _manifest(self, reference: str, media_types: tuple[str, ...]) -> tuple[bytes, str]:
+        response = self._request("GET", f"/manifests/{reference}", accept=", ".join(media_types))
+        if response.status_code == 404:
+            raise StackError(f"the registry {self.registry.host} has no manifest {reference}")
+        _ok(response, f"manifest {reference}")
+        kind = response.headers.get("content-type", "").split(";")[0]
+        return bytes(response.content), kind or media_types[0]
+
+    def _put_blob(self, data: bytes, media_type: str) -> Descriptor:
+        import oras.oci
+
+        with tempfile.TemporaryDirectory(prefix="sm120-evidence-") as scratch:
+            path = Path(scratch) / "blob"
+            path.write_bytes(data)
+            layer = oras.oci.NewLayer(str(path), media_type)
+            response = self.client.upload_blob(str(path), self._container(), layer)
+        _ok(response, f"blob upload of {media_type}")
+        return Descriptor(media_type, sha256_digest(data), len(data))
+
+    def _put_manifest(self, reference: str, data: bytes, media_type: str) -> None:
+        response = self._request(
+            "PUT", f"/manifests/{reference}", headers={"Content-Type": media_type}, data=data
+        )
+        _ok(response, f"manifest upload {reference}")
+
+    def _container(self) -> Any:
+        return self.client.get_container(f"{self.name}:evidence")
+
+    def _tag_index(self, subject: str) -> list[Descriptor]:
+        response = self._request("GET", f"/manifests/{referrers_tag(subject)}", accept=INDEX)
+        if response.status_code == 404:
+            return []
+        _ok(response, f"referrers tag of {subject}")
+        return _index_entries(response.content)
+
+    def _add_to_tag_index(self, subject: str, artifact: Descriptor) -> None:
+        entries = [e for e in self._tag_index(subject) if e.digest != artifact.digest]
+        index = {
+            "schemaVersion": 2,
+            "mediaType": INDEX,
+            "manifests": [e.to_json() for e in [*entries, artifact]],
+        }
+        data = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+        self._put_manifest(referrers_tag(subject), data, INDEX)
+
+
+def _index_entries(data: bytes) -> list[Descriptor]:
+    try:
+        index = json.loads(data)
+        return [Descriptor.of(entry) for entry in index.get("manifests") or []]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise OperationFailed(
+            f"the registry's referrers index is not an OCI index ({exc})"
+        ) from None
+
+
+def _ok(response: Any, what: str) -> None:
+    if response.status_code not in (200, 201, 202):
+        body = " ".join(str(getattr(response, "text", "")).split())[:300]
+        raise OperationFailed(f"the registry refused {what}: HTTP {response.status_code} {body}")
+
+
+def _tampered(what: str, got: str) -> StackError:
+    return StackError(
+        f"{what} is not intact: its bytes hash to {got}",
+        hint="the registry's copy was changed or truncated: push the image and its evidence "
+        "again from the build machine (`sm120-stacks push STACK`)",
+    )
+
+
+def _plain_http(host: str) -> bool:
+    """Loopback registries speak plain HTTP (as the engine allows them to); any other, TLS."""
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return name in ("localhost", "127.0.0.1", "[::1]") or name.startswith("127.")
+
+
+__all__ = [
+    "EMPTY",
+    "INDEX",
+    "MANIFEST",
+    "ArtifactStore",
+    "Descriptor",
+    "referrers_tag",
+    "sha256_digest",
+]

@@ -1,0 +1,191 @@
+"""Read an image's evidence back from the registry, and refuse what cannot be relied on.
+
+`pull` and `pin` on a machine with no records of the image rely on this alone, so every
+artifact is checked before its word counts: its manifest and blob hash to their descriptors
+(oci.ArtifactStore), its `subject` is the image's own manifest, and the document inside names
+that same digest (a verdict copied from another image is refused, not merged). A missing
+verdict (an image pushed before evidence existed, or by `push` of another tool) is an error
+with the remedy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from builder.errors import StackError
+from builder.evidence.documents import (
+    IN_TOTO_STATEMENT,
+    PROVENANCE_TYPE,
+    SBOM_TYPE,
+    SUBJECT_ANNOTATION,
+    VERDICT_SCHEMA,
+    VERDICT_TYPE,
+    sbom_summary,
+)
+from builder.evidence.oci import ArtifactStore, Descriptor
+from builder.image.names import content_tag
+from builder.image.records import Record, ServedVerdict
+from builder.image.registry import Registry
+
+
+@dataclass
+class Evidence:
+    """What the registry holds for one image, every piece checked."""
+
+    repository: str
+    digest: str
+    #: "referrers API" or "referrers tag": how the artifacts were found.
+    found_by: str
+    stack: str
+    content_hash: str
+    static: str | None
+    tests: str | None
+    served: list[ServedVerdict] = field(default_factory=list)
+    floating_base: bool = False
+    sbom: dict[str, int] | None = None
+    provenance: dict[str, Any] | None = None
+    artifacts: list[Descriptor] = field(default_factory=list)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+    def record(self) -> Record:
+        """The evidence as the record a build folder would hold after test and push."""
+        return Record(
+            stack=self.stack,
+            content_hash=self.content_hash,
+            tests=self.tests,
+            static=self.static,
+            served=self.served,
+            smoke=None if self.served else "skipped: no served verdict in the registry",
+            pushed={self.repository: self.ref},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image": self.ref,
+            "found_by": self.found_by,
+            "stack": self.stack,
+            "content_hash": self.content_hash,
+            "static": self.static,
+            "tests": self.tests,
+            "served": [v.model_dump(mode="json") for v in self.served],
+            "floating_base": self.floating_base,
+            "sbom": self.sbom,
+            "provenance": self.provenance,
+            "artifacts": [a.to_json() for a in self.artifacts],
+        }
+
+
+def read_evidence(
+    registry: Registry, stack: str, content_hash: str | None = None, reference: str | None = None
+) -> Evidence:
+    """The evidence of the image tagged with stack's content tag (or reference: a tag or
+    sha256 digest). content_hash, when given, must be what the verdict names."""
+    store = ArtifactStore(registry)
+    tag = reference or (content_tag(stack, content_hash) if content_hash else stack)
+    image = store.image(tag)
+    artifacts, found_by = store.referrers(image.digest)
+    verdicts: list[dict[str, Any]] = []
+    evidence = Evidence(registry.repository, image.digest, found_by, stack, "", None, None)
+    for descriptor in artifacts:
+        manifest = store.manifest(descriptor)
+        subject = (manifest.get("subject") or {}).get("digest")
+        if subject != image.digest:
+            raise _refused(image.digest, f"artifact {descriptor.digest} refers to {subject}")
+        layers = manifest.get("layers") or []
+        if len(layers) != 1:
+            raise _refused(image.digest, f"artifact {descriptor.digest} has {len(layers)} layers")
+        layer = Descriptor.of(layers[0])
+        kind = manifest.get("artifactType") or descriptor.artifact_type
+        payload = store.blob(layer)
+        evidence.artifacts.append(descriptor)
+        if kind == VERDICT_TYPE:
+            verdicts.append(_verdict(payload, image.digest, descriptor))
+        elif kind == SBOM_TYPE:
+            evidence.sbom = sbom_summary(_json(payload, descriptor, image.digest))
+        elif kind == PROVENANCE_TYPE:
+            evidence.provenance = _provenance(payload, image.digest, descriptor)
+        annotated = (manifest.get("annotations") or {}).get(SUBJECT_ANNOTATION)
+        if annotated is not None and annotated != image.digest:
+            raise _refused(image.digest, f"artifact {descriptor.digest} is annotated {annotated}")
+    if not verdicts:
+        raise StackError(
+            f"the registry holds no verdict for {registry.repository}@{image.digest} "
+            f"({tag}): it was pushed without its evidence (before sm120-stacks kept evidence "
+            "in the registry, or by another tool)",
+            hint=f"on the machine that tested it, `sm120-stacks push {stack}` again; or test "
+            f"it here: sm120-stacks test {stack}",
+        )
+    _merge(evidence, verdicts, content_hash)
+    return evidence
+
+
+def _merge(evidence: Evidence, verdicts: list[dict[str, Any]], content_hash: str | None) -> None:
+    """The push's verdict gives static and tests; every verdict adds its served verdicts, the
+    newest per GPU kind winning."""
+    verdicts.sort(key=lambda v: str(v.get("recorded_at", "")))
+    for verdict in verdicts:
+        if content_hash is not None and verdict.get("content_hash") != content_hash:
+            raise _refused(
+                evidence.digest,
+                f"a verdict is of content hash {verdict.get('content_hash')}, not {content_hash}",
+            )
+        evidence.stack = str(verdict.get("stack") or evidence.stack)
+        evidence.content_hash = str(verdict.get("content_hash") or "")
+        if verdict.get("static") is not None:
+            evidence.static = verdict["static"]
+            evidence.tests = verdict.get("tests")
+            evidence.floating_base = bool(verdict.get("floating_base"))
+        for raw in verdict.get("served") or []:
+            try:
+                served = ServedVerdict.model_validate(raw)
+            except ValidationError as exc:
+                why = f"a served verdict does not validate: {exc}"
+                raise _refused(evidence.digest, why) from None
+            evidence.served = [v for v in evidence.served if not v.on(served.gpu_kind)]
+            evidence.served.append(served)
+
+
+def _json(payload: bytes, descriptor: Descriptor, digest: str) -> dict[str, Any]:
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise _refused(digest, f"artifact {descriptor.digest} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _refused(digest, f"artifact {descriptor.digest} is not a JSON object")
+    return data
+
+
+def _verdict(payload: bytes, digest: str, descriptor: Descriptor) -> dict[str, Any]:
+    data = _json(payload, descriptor, digest)
+    if data.get("schema") != VERDICT_SCHEMA:
+        raise _refused(digest, f"verdict {descriptor.digest} is of schema {data.get('schema')}")
+    named = (data.get("image") or {}).get("digest")
+    if named != digest:
+        raise _refused(digest, f"verdict {descriptor.digest} is a report for {named}")
+    return data
+
+
+def _provenance(payload: bytes, digest: str, descriptor: Descriptor) -> dict[str, Any]:
+    data = _json(payload, descriptor, digest)
+    subjects = [s.get("digest", {}).get("sha256") for s in data.get("subject") or []]
+    if data.get("_type") != IN_TOTO_STATEMENT or digest.removeprefix("sha256:") not in subjects:
+        raise _refused(digest, f"provenance {descriptor.digest} does not name the image")
+    return data
+
+
+def _refused(digest: str, why: str) -> StackError:
+    return StackError(
+        f"the evidence of {digest} cannot be relied on: {why}",
+        hint="nothing was pinned; push the image and its evidence again from the machine "
+        "that tested it (`sm120-stacks push STACK`)",
+    )
+
+
+__all__ = ["Evidence", "read_evidence"]

@@ -1,0 +1,297 @@
+"""Evidence travels with the image: verdicts, SBOM and provenance in the real local registry
+(Debian's docker-registry 2.8, which has no referrers API: the referrers tag scheme), read back
+and checked by a build folder that has no records of the image."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.evidence import documents
+from builder.evidence.oci import ArtifactStore, Descriptor
+from builder.evidence.reader import read_evidence
+from builder.image.names import content_tag
+from builder.image.records import CPU, ServedVerdict, load_record, save_record
+from builder.image.registry import Registry
+
+pytestmark = pytest.mark.engine
+#: Where scripts/host-setup.sh keeps the local registry's blobs.
+REGISTRY_DATA = Path("/var/lib/sm120-stacks/registry")
+
+
+def _served(kind: str = CPU, passed: bool = True) -> ServedVerdict:
+    return ServedVerdict(
+        gpu_kind=kind,
+        gpu_count=0 if kind == CPU else 1,
+        model_id="/models/tiny",
+        serve_args=["transformers", "serve", "/models/tiny"],
+        compiles={"flashinfer": 0},
+        ttft_s=0.2,
+        passed=passed,
+        source="test",
+        at="2026-12-01T00:00:00Z",
+    )
+
+
+@pytest.fixture
+def second_folder(workspace: Path, tmp_path: Path) -> Iterator[Path]:
+    """A second clone's workspace: the same stacks, its own (empty) build folder."""
+    root = tmp_path / "clone"
+    shutil.copytree(workspace / "stacks", root / "stacks")
+    (root / "patches").symlink_to(workspace / "patches")
+    (root / "build").mkdir()
+    (root / "build" / "wheels").symlink_to((workspace / "build" / "wheels").resolve())
+    yield root
+
+
+def _pushed_with_evidence(
+    name: str,
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    registry: Registry,
+    served: list[ServedVerdict],
+    body: str = "env:\n  EVIDENCE_TEST: '1'",
+) -> str:
+    """The variant built, recorded as `test` would, pushed with its evidence: its digest."""
+    variant(name, body)
+    cli_process("build", name)
+    from builder.render.context import render
+    from builder.spec.resolve import resolve
+
+    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+    record = load_record(workspace / "build", name, content_hash)
+    record.tests, record.static, record.served = "passed", "passed", served
+    save_record(workspace / "build", record)
+    pushed = cli_process("push", name, "--registry", registry.host)
+    assert "evidence: verdict" in pushed.stderr and "evidence: sbom" in pushed.stderr
+    return pushed.stdout.strip().splitlines()[0].rpartition("@")[2]
+
+
+def _share(name: str, workspace: Path, folder: Path) -> None:
+    """The variant's manifest in the second clone too (it is committed there, say)."""
+    shutil.copy(workspace / "stacks" / f"{name}.yaml", folder / "stacks" / f"{name}.yaml")
+
+
+def _run_in(folder: Path, cli_process: Callable[..., Any], *args: str, check: bool = True) -> Any:
+    return cli_process(
+        "--stacks-dir",
+        str(folder / "stacks"),
+        "--build-dir",
+        str(folder / "build"),
+        *args,
+        check=check,
+    )
+
+
+def test_push_from_one_folder_pin_from_another_with_no_records(
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    registry: Registry,
+    second_folder: Path,
+    tmp_path: Path,
+) -> None:
+    digest = _pushed_with_evidence("ev-cpu", variant, cli_process, workspace, registry, [_served()])
+    _share("ev-cpu", workspace, second_folder)
+    assert not (second_folder / "build" / "ev-cpu").exists()
+    hosts = tmp_path / "hosts"
+    pinned = _run_in(
+        second_folder,
+        cli_process,
+        "pin",
+        "hostx",
+        "ev-cpu",
+        "--registry",
+        registry.host,
+        "--gpus",
+        "none",
+        "--hosts-dir",
+        str(hosts),
+    )
+    assert f"@{digest}" in pinned.stdout and "static: passed" in pinned.stdout
+    assert "served on cpu" in pinned.stdout and "referrers tag" in pinned.stdout
+    pin = (hosts / "hostx.yaml").read_text()
+    assert digest in pin and "served_on: cpu" in pin
+    shown = _run_in(
+        second_folder, cli_process, "evidence", "ev-cpu", "--registry", registry.host, "--json"
+    )
+    evidence = json.loads(shown.stdout)
+    assert evidence["static"] == "passed" and evidence["found_by"] == "referrers tag"
+    assert evidence["sbom"]["python"] > 10 and evidence["sbom"]["os"] > 50
+    assert evidence["sbom"]["base"] >= 1  # build and runtime base, once where they are one
+    predicate = evidence["provenance"]["predicate"]["buildDefinition"]
+    assert "stacks/ev-cpu.yaml" in predicate["externalParameters"]["files"]
+    # The registry has no referrers API; the fallback tag lists all three artifacts.
+    store = ArtifactStore(registry)
+    assert not store.has_referrers_api()
+    kinds = {a.annotation(documents.KIND_ANNOTATION) for a in store.referrers(digest)[0]}
+    assert kinds == {"verdict", "sbom", "provenance"}
+    # pull in the second folder records the verdicts there.
+    pulled = _run_in(second_folder, cli_process, "pull", "ev-cpu", "--registry", registry.host)
+    assert "static: passed" in pulled.stdout
+
+
+def test_a_report_naming_another_digest_is_refused(
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    registry: Registry,
+) -> None:
+    digest = _pushed_with_evidence(
+        "ev-other",
+        variant,
+        cli_process,
+        workspace,
+        registry,
+        [_served()],
+        body="env:\n  EVIDENCE_TEST: '2'",
+    )
+    store = ArtifactStore(registry)
+    subject = store.image(digest)
+    forged = {
+        "schema": documents.VERDICT_SCHEMA,
+        "image": {"repository": registry.repository, "digest": "sha256:" + "ab" * 32},
+        "static": "passed",
+    }
+    store.attach(
+        subject,
+        documents.VERDICT_TYPE,
+        documents.VERDICT_TYPE,
+        documents.canonical(forged),
+        {documents.SUBJECT_ANNOTATION: digest},
+    )
+    with pytest.raises(Exception, match="is a report for sha256:abab"):
+        read_evidence(registry, "ev-other", reference=digest)
+
+
+def test_a_tampered_sbom_is_refused(
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    registry: Registry,
+    second_folder: Path,
+) -> None:
+    if not REGISTRY_DATA.is_dir():
+        pytest.skip(f"the registry's storage is not at {REGISTRY_DATA}")
+    digest = _pushed_with_evidence(
+        "ev-tamper",
+        variant,
+        cli_process,
+        workspace,
+        registry,
+        [_served()],
+        body="env:\n  EVIDENCE_TEST: '3'",
+    )
+    _share("ev-tamper", workspace, second_folder)
+    store = ArtifactStore(registry)
+    (sbom,) = [
+        a for a in store.referrers(digest)[0] if a.annotation(documents.KIND_ANNOTATION) == "sbom"
+    ]
+    layer = Descriptor.of(store.manifest(sbom)["layers"][0])
+    hexdigest = layer.digest.removeprefix("sha256:")
+    (blob,) = REGISTRY_DATA.glob(
+        f"docker/registry/v2/blobs/sha256/{hexdigest[:2]}/{hexdigest}/data"
+    )
+    original = blob.read_bytes()
+    try:
+        blob.write_bytes(original.replace(b'"name"', b'"nAme"', 1))
+        result = _run_in(
+            second_folder,
+            cli_process,
+            "pin",
+            "hostt",
+            "ev-tamper",
+            "--registry",
+            registry.host,
+            "--gpus",
+            "none",
+            check=False,
+        )
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "is not intact" in result.stderr and "Traceback" not in result.stderr
+        assert not (second_folder / "hosts" / "hostt.yaml").exists()
+    finally:
+        blob.write_bytes(original)
+
+
+def test_an_image_pushed_without_evidence_is_refused_with_the_remedy(
+    cli_process: Callable[..., Any],
+    registry: Registry,
+    second_folder: Path,
+    api: Any,
+    base_image: str,
+) -> None:
+    """As an image pushed before this change: in the registry under its content tag, with no
+    artifact referring to it."""
+    from builder.render.context import render
+    from builder.spec.resolve import resolve
+
+    (second_folder / "stacks" / "ev-old.yaml").write_text(
+        "extends: ci-mini\nenv:\n  EVIDENCE_TEST: 'old'\n"
+    )
+    content_hash = render(resolve("ev-old", second_folder / "stacks")).content_hash()
+    target = registry.ref(content_tag("ev-old", content_hash))
+    api.images.get(base_image).tag(target)
+    for line in api.images.push(target, stream=True, decode=True):
+        assert "error" not in line, line
+    result = _run_in(
+        second_folder,
+        cli_process,
+        "pin",
+        "hosto",
+        "ev-old",
+        "--registry",
+        registry.host,
+        "--gpus",
+        "none",
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "holds no verdict" in result.stderr and "push ev-old" in result.stderr
+    assert not (second_folder / "hosts" / "hosto.yaml").exists()
+
+
+def test_a_gpu_stack_with_a_static_verdict_only_needs_allow_unserved(
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    registry: Registry,
+    second_folder: Path,
+    tmp_path: Path,
+) -> None:
+    gpu = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    body = "env:\n  EVIDENCE_TEST: 'gpu'\nsmoke:\n  needs_gpu: true"
+    digest = _pushed_with_evidence(
+        "ev-gpu", variant, cli_process, workspace, registry, [], body=body
+    )
+    _share("ev-gpu", workspace, second_folder)
+    hosts = tmp_path / "hosts"
+    args = (
+        "pin",
+        "hostg",
+        "ev-gpu",
+        "--registry",
+        registry.host,
+        "--gpu-kind",
+        gpu,
+        "--hosts-dir",
+        str(hosts),
+    )
+    refused = _run_in(second_folder, cli_process, *args, check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "no passing served verdict on" in refused.stderr and gpu in refused.stderr
+    assert not (hosts / "hostg.yaml").exists()
+    allowed = _run_in(second_folder, cli_process, *args, "--allow-unserved")
+    assert "--allow-unserved" in allowed.stderr
+    pin = (hosts / "hostg.yaml").read_text()
+    assert digest in pin and "allow_unserved: true" in pin
+    listed = _run_in(
+        second_folder, cli_process, "verify", "hostg", "--hosts-dir", str(hosts), check=False
+    )
+    assert "unserved" in listed.stdout
