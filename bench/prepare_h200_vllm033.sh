@@ -100,7 +100,7 @@ PY
 fi
 
 # 2. fi.tar.xz, out of the image as it holds them
-spec="$(cd "$snap" && "$root/.venv/bin/python" bench/serve_spec.py "$stack")"
+spec="$(cd "$snap" && PYTHONPATH="$snap" "$root/.venv/bin/python" bench/serve_spec.py "$stack")"
 echo "$spec" >"$work/serve-spec.json"
 rm -rf "$work/fi" && mkdir -p "$work/fi"
 cid="$(docker create "$image")"
@@ -112,7 +112,7 @@ docker cp "$cid:$site_dir/data/aot" "$work/fi/aot"
 tar -C "$work/fi" -cf - . | xz -T2 -6 >"$work/fi.tar.xz"
 
 # 3. model, tool
-rm -rf "$work/model" && (cd "$snap" && "$root/.venv/bin/python" -m tests.support.tinymodel --vllm "$work/model/tiny-llama")
+rm -rf "$work/model" && (cd "$snap" && PYTHONPATH="$snap" "$root/.venv/bin/python" -m tests.support.tinymodel --vllm "$work/model/tiny-llama")
 tar -C "$work/model" -cJf "$work/model.tar.xz" tiny-llama
 tar -C "$snap" --exclude=__pycache__ -cJf "$work/tool.tar.xz" builder knowledge stacks templates patches
 echo "$commit" >"$work/tool-commit.txt"
