@@ -96,3 +96,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     for line in _engine_skips:
         terminalreporter.write_sep("!", line, red=True, bold=True)
+
+
+@pytest.fixture(autouse=True)
+def _fake_hosts_have_the_served_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hosts the unit tests pin are not this machine: `pin` reads their GPU kind as the
+    one their records served on (tests/support/served.py), not this machine's (none)."""
+    from tests.support.served import SERVED_GPU
+
+    monkeypatch.setattr("builder.cli.hosts._host_gpu_kind", lambda engine: SERVED_GPU)

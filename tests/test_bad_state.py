@@ -17,6 +17,7 @@ from click.testing import Result
 
 from builder.render.context import render
 from builder.spec.resolve import resolve
+from tests.support.served import served_json
 
 #: A stack without a lock renders in milliseconds; the lock cases use a locked one.
 STACK = "bad-state"
@@ -56,6 +57,7 @@ def record(stacks_dir: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
         "report": None,
         "smoke": "passed",
         "pushed": {REPO: DIGEST_REF},
+        "served": served_json(),
     }
     path.write_text(json.dumps(good))
     return path, good
@@ -175,10 +177,15 @@ LOCKS: list[tuple[str, Callable[[str], str | bytes], str]] = [
     ),
     (
         "other-stack",
-        lambda good: good.replace(f"stack: {LOCKED}", "stack: vllm-0.22-b12x"),
+        lambda good: good.replace(f"stack: {LOCKED}", "stack: vllm-0.22-b12x", 1),
         "made for stack",
     ),
     ("inputs-hash-edited", _first_sha, "edited by hand"),
+    (
+        "package-dropped",
+        lambda good: re.sub(r"\n    pyzmq:\n(      .*\n)+", "\n", good, count=1),
+        "locked_hash",
+    ),
     (
         "inputs-edited",
         lambda good: good.replace("version: 0.22.1", "version: 0.22.2", 1),

@@ -26,6 +26,7 @@ from builder.image.records import Record, save_record
 from builder.image.registry import Registry, push
 from builder.render.context import render
 from builder.spec.resolve import resolve
+from tests.support.served import SERVED_GPU, served
 
 STACK = "faults"
 
@@ -71,6 +72,7 @@ def repo(stacks_dir: Path, tmp_path: Path) -> Path:
         tests="passed",
         smoke="passed",
         pushed={repository: f"{repository}@sha256:{'c' * 64}"},
+        served=[served()],
     )
     save_record(tmp_path / "build", record)
     return tmp_path
@@ -123,7 +125,9 @@ def test_sigkill_mid_pin_leaves_the_old_pin_whole(
     hosts = repo / "hosts"
     pin = hosts / "gpu-1.yaml"
     old = pin.read_bytes()
-    killed = tool(repo, "pin", "gpu-1", STACK, "--env", "NEW=1", hold=killed_at)
+    killed = tool(
+        repo, "pin", "gpu-1", STACK, "--env", "NEW=1", "--gpu-kind", SERVED_GPU, hold=killed_at
+    )
     kill_when_held(killed)
     assert killed.returncode == -signal.SIGKILL
     assert pin.read_bytes() == old

@@ -34,6 +34,7 @@ from builder.image.records import Record, load_record, save_record
 from builder.image.registry import Registry
 from builder.render.context import render
 from builder.spec.resolve import resolve
+from tests.support.served import SERVED_GPU, served
 
 STACK = "vllm-0.22-marlin"
 REPO = "registry.example.com/ml/sm120-stacks"
@@ -54,11 +55,14 @@ def _pin(
     pushed = {REPO: f"{REPO}@sha256:{digest * 32}"}
     save_record(
         tmp_path / "build",
-        Record(stack=stack, content_hash=content_hash, tests="passed", pushed=pushed),
+        Record(
+            stack=stack, content_hash=content_hash, tests="passed", pushed=pushed, served=[served()]
+        ),
     )
     record = load_record(tmp_path / "build", stack, content_hash)
     when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     options.setdefault("volumes", (f"{tmp_path}/models:/models",))
+    options.setdefault("gpu_kind", SERVED_GPU)
     return make_pin(host, resolved, content_hash, record, None, PinOptions(**options), when)
 
 

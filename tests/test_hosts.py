@@ -46,6 +46,7 @@ from builder.lock.lockfile import (
 from builder.render.context import render
 from builder.spec.resolve import ResolvedStack, resolve
 from tests.support.locks import lock_of
+from tests.support.served import SERVED_GPU, served
 
 STACK = "vllm-0.22-marlin"  # no local wheels needed: resolves on any machine
 DIGEST = "sha256:" + "ab" * 32
@@ -67,7 +68,11 @@ Typing_Extensions[x]==4.16.0 \\
 
 def _tested_and_pushed(build_dir: Path, stack: ResolvedStack, **record: Any) -> str:
     content_hash = render(stack).content_hash()
-    fields: dict[str, Any] = {"tests": "passed", "pushed": {REPO: f"{REPO}@{DIGEST}"}}
+    fields: dict[str, Any] = {
+        "tests": "passed",
+        "pushed": {REPO: f"{REPO}@{DIGEST}"},
+        "served": [served()],
+    }
     fields.update(record)
     save_record(build_dir, Record(stack=stack.name, content_hash=content_hash, **fields))
     return content_hash
@@ -80,6 +85,7 @@ def _pin(stacks_dir: Path, tmp_path: Path, host: str = "gpu-node-07", **options:
 
     record = load_record(tmp_path / "build", STACK, content_hash)
     when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    options.setdefault("gpu_kind", SERVED_GPU)
     return make_pin(host, stack, content_hash, record, None, PinOptions(**options), when)
 
 
@@ -287,19 +293,22 @@ def test_pin_and_deploy_through_the_cli(
     ]
 
 
-def test_a_pin_of_an_image_whose_gpu_smoke_was_skipped_warns(
+def test_a_pin_of_an_image_whose_gpu_smoke_was_skipped_needs_allow_unserved(
     stacks_dir: Path, tmp_path: Path, run_cli: Callable[..., Result]
 ) -> None:
-    """Static checks pass on a machine without the GPU; the pin goes through but says so, and
-    `list` shows it."""
+    """Static checks pass on a machine without the GPU; no served verdict: the pin is refused,
+    and with --allow-unserved it goes through, says so and records it; `list` shows it."""
     skipped = "skipped: no NVIDIA GPU on this host (/dev/nvidia0 is missing)"
-    _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir), smoke=skipped)
-    result = run_cli("pin", "gpu-node-07", STACK, stacks_dir=stacks_dir)
+    _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir), smoke=skipped, served=[])
+    refused = run_cli("pin", "gpu-node-07", STACK, stacks_dir=stacks_dir)
+    assert refused.exit_code == 2 and "no passing served verdict on" in refused.output
+    assert SERVED_GPU in refused.output and "only its static checks passed" in refused.output
+    result = run_cli("pin", "gpu-node-07", STACK, "--allow-unserved", stacks_dir=stacks_dir)
     assert result.exit_code == 0, result.output
-    assert f"smoke prompt was {skipped}" in result.output
-    assert "--require-gpu" in result.output
+    assert "--allow-unserved" in result.output and "--require-gpu" in result.output
+    assert "allow_unserved: true" in (stacks_dir.parent / "hosts" / "gpu-node-07.yaml").read_text()
     listed = run_cli("list", stacks_dir=stacks_dir).output
-    assert "passed," in listed and "skipped" in listed  # the table may wrap the cell
+    assert "skipped" in listed
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from builder.image.engine import ContainerSpec, Image
 from builder.image.hostprobe import gather
 from builder.image.records import load_record
 from builder.spec.resolve import resolve
+from tests.support.served import SERVED_GPU
 from tests.test_hosts import _pin, _probe, _tested_and_pushed
 
 HOST = "gpu-node-07"
@@ -32,6 +33,7 @@ def _two_gpu_pin(stacks_dir: Path, tmp_path: Path, **options: Any) -> Pin:
     stack = resolve("two", stacks_dir)
     content_hash = _tested_and_pushed(tmp_path / "build", stack)
     record = load_record(tmp_path / "build", "two", content_hash)
+    options.setdefault("gpu_kind", SERVED_GPU)
     return make_pin(HOST, stack, content_hash, record, None, PinOptions(**options))
 
 

@@ -148,6 +148,11 @@ def test_stacks_differing_only_at_runtime_render_identical_build_instructions(
     (stacks_dir / "child.yaml").write_text(
         "extends: vllm-0.22-marlin\nenv: {EXTRA: '1'}\nserve: {port: 8011}\n"
     )
+    # Its lock is the parent's (env and serve settings are no lock input): the same bases.
+    parent_lock = (stacks_dir / "vllm-0.22-marlin.lock").read_text()
+    (stacks_dir / "child.lock").write_text(
+        parent_lock.replace("stack: vllm-0.22-marlin", "stack: child", 1)
+    )
 
     def instructions(name: str) -> list[str]:
         lines = render(resolve(name, stacks_dir)).dockerfile.splitlines()

@@ -135,6 +135,34 @@ class Settings:
 
 pass_settings = click.make_pass_decorator(Settings)
 
+
+def require_pinned_bases(stack: ResolvedStack, allow: bool) -> list[str]:
+    """A real stack builds FROM bases pinned by digest (its lock pins them): a base that
+    follows its tag is refused unless allowed (--allow-floating-base); the roles floating."""
+    from builder.lock.lockfile import current_lock, floating_bases, lock_path
+
+    floating = floating_bases(stack, current_lock(stack))
+    if floating and not allow:
+        role = floating[0]
+        image = getattr(stack.manifest.bases, role).image
+        raise StackError(
+            f"the {role} base {image} is not pinned by digest: the image would follow "
+            "whatever its tag points to the day it is built",
+            file=lock_path(stack),
+            key=f"bases.{role}.digest",
+            hint=f"`sm120-stacks lock {stack.name} --refresh-bases` where its registry answers "
+            "(or `lock` it), or pass --allow-floating-base (recorded in its evidence)",
+        )
+    return floating
+
+
+allow_floating_option = click.option(
+    "--allow-floating-base",
+    "allow_floating",
+    is_flag=True,
+    help="Accept a registry base image not pinned by digest (its evidence says so).",
+)
+
 #: The proxy CA: given to builds (`build`), looked for in images (`test`), trusted by index
 #: queries. One option for every command that takes it, so they agree; the command resolves it
 #: (resolve_ca_bundle) inside user_errors, so a missing file exits 2 with its message.

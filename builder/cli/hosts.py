@@ -27,7 +27,15 @@ from builder.image.engine import Engine
 from builder.image.hostprobe import Probe, gather, probe_for
 from builder.image.records import Record, load_record
 from builder.image.registry import REGISTRY_ENV, Registry
-from builder.lock.lockfile import UNPINNED, lock_path, make_lock, read_lock, write_lock
+from builder.lock.lockfile import (
+    UNPINNED,
+    current_lock,
+    lock_path,
+    make_lock,
+    read_lock,
+    write_lock,
+)
+from builder.lock.lockfile import refresh_bases as refresh_base_digests
 from builder.spec.serve import serve_argv
 from builder.spec.yamlsafe import load_yaml
 
@@ -61,11 +69,34 @@ def _engine(settings: Settings) -> tuple[Engine | None, str | None]:
     help="Another lock whose versions to keep wherever this stack allows (a local variant "
     "of a flagship: its lock); what had to move is listed and recorded.",
 )
+@click.option(
+    "--refresh-bases",
+    is_flag=True,
+    help="Only ask the registry for the base images' digests again and update the lock "
+    "where it answers (the packages are not resolved again).",
+)
+@engine_option
 @pass_settings
 @user_errors
-def lock(settings: Settings, stack: str, versions_from: Path | None) -> None:
+def lock(settings: Settings, stack: str, versions_from: Path | None, refresh_bases: bool) -> None:
     """Write stacks/STACK.lock: base digests and every Python package, hash-pinned (uv)."""
     resolved = settings.checked(stack)
+    if refresh_bases:
+        existing = current_lock(resolved)
+        if existing is None:
+            raise StackError(
+                f"{stack} has no lock to refresh",
+                key="--refresh-bases",
+                hint=f"make one first: sm120-stacks lock {stack}",
+            )
+        engine, why = _engine(settings)
+        refreshed, said = refresh_base_digests(resolved, existing, engine)
+        write_lock(lock_path(resolved), refreshed)
+        for line in said:
+            click.echo(f"  {line}")
+        if why:
+            click.echo(f"  (no engine: {why})")
+        return
     prefer = read_lock(versions_from) if versions_from is not None else None
     engine, why = _engine(settings)
     made = make_lock(resolved, engine, prefer)

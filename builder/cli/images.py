@@ -9,10 +9,12 @@ import click
 
 from builder.cli.app import (
     Settings,
+    allow_floating_option,
     ca_bundle_option,
     cli,
     engine_option,
     pass_settings,
+    require_pinned_bases,
     user_errors,
 )
 from builder.errors import StackError
@@ -96,6 +98,7 @@ registry_option = click.option(
     "SM120_STACKS_BUILD_WAIT).",
 )
 @engine_option
+@allow_floating_option
 @pass_settings
 @user_errors
 def build(
@@ -111,6 +114,7 @@ def build(
     cache_registry: str | None,
     cache_export: bool,
     wait_s: int,
+    allow_floating: bool,
 ) -> None:
     """Build the stack's image (nothing happens when its content hash is already built).
 
@@ -121,6 +125,7 @@ def build(
     proxy_ca = resolve_ca_bundle(ca_bundle)
     taken = uptodate.fingerprint(settings.stacks_dir, [])
     resolved = settings.checked(stack)
+    require_pinned_bases(resolved, allow_floating)
     rendered = settings.render(resolved)
     if cache_export and not cache_registry and not (pull_or_build and registry):
         raise StackError(

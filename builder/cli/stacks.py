@@ -9,9 +9,11 @@ from rich.table import Table
 
 from builder.cli.app import (
     Settings,
+    allow_floating_option,
     cli,
     out,
     pass_settings,
+    require_pinned_bases,
     user_errors,
 )
 from builder.errors import StackError
@@ -124,9 +126,10 @@ def show(settings: Settings, stack: str) -> None:
 
 @cli.command()
 @click.argument("stacks", nargs=-1)
+@allow_floating_option
 @pass_settings
 @user_errors
-def check(settings: Settings, stacks: tuple[str, ...]) -> None:
+def check(settings: Settings, stacks: tuple[str, ...], allow_floating: bool) -> None:
     """Validate stacks and their compatibility rules (all stacks when none are named)."""
     names = list(stacks) or stack_names(settings.stacks_dir)
     failures: list[tuple[str, StackError]] = []
@@ -137,7 +140,9 @@ def check(settings: Settings, stacks: tuple[str, ...]) -> None:
             result = check_stack(stack, lock.python.versions() if lock else None)
             if not result.ok:
                 raise violation_error(result)
-            click.echo(f"ok  {name}")
+            floating = require_pinned_bases(stack, allow_floating)
+            note = f" (floating base: {', '.join(floating)})" if floating else ""
+            click.echo(f"ok  {name}{note}")
         except StackError as exc:
             click.echo(f"BAD {name}", err=True)
             failures.append((name, exc))

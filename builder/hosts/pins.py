@@ -127,16 +127,16 @@ class Pin(Strict):
     volumes: list[Volume] = Field(default_factory=list)
     shm_size: ShmSize
     restart: Literal["always", "unless-stopped", "on-failure"] = "unless-stopped"
+    #: The GPU kind whose served verdict the pin relies on ("cpu" for a CPU stack); None: the
+    #: image never served on this host's kind and the pin was made with --allow-unserved.
+    served_on: Annotated[str, StringConstraints(max_length=200)] | None = None
+    #: Pinned with --allow-unserved: `verify` shows it as a finding.
+    allow_unserved: bool = False
     health: Health
     needs: HostNeeds
     #: The host's Docker engine (builder.image.address): ssh://USER@HOST for a remote host,
     #: reached with the user's ssh agent; absent: the engine of the machine deploy runs on.
     engine: EngineAddress | None = None
-    #: The GPU kind whose served verdict the pin relies on ("cpu" for a CPU stack); None: the
-    #: image never served on this host's kind and the pin was made with --allow-unserved.
-    served_on: Annotated[str, StringConstraints(max_length=200)] | None = None
-    #: Pinned with --allow-unserved: `verify` and `list` show it as a finding.
-    allow_unserved: bool = False
 
     @field_validator("gpus")
     @classmethod

@@ -119,9 +119,17 @@ class Lock(Strict):
     stack: str
     #: sha256 of the manifest inputs below; what builds and `check` compare.
     inputs_hash: Hash
+    #: sha256 of what the lock pins (bases and the Python set): a lock cut short or edited by
+    #: hand still validates package by package, so the whole is checked against this (kept
+    #: near the top, where a cut leaves it). Locks made before it existed have none.
+    locked_hash: Hash | None = None
     inputs: dict[str, Any]
     bases: LockedBases
     python: LockedPython
+
+    def pinned_hash(self) -> str:
+        pinned = self.model_dump(mode="json", include={"bases", "python"})
+        return "sha256:" + hashlib.sha256(canonical_json(pinned).encode()).hexdigest()
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -178,6 +186,50 @@ def base_reference(stack: ResolvedStack, lock: Lock | None, role: str) -> str:
     return str(getattr(lock.bases, role).reference)
 
 
+#: Base images made on the build machine (`make base-local`, `make base-cuda-local`): no
+#: registry holds them, so no digest can pin them; the image IDs the build records do.
+LOCAL_BASE_PREFIX = "local/"
+
+
+def floating_bases(stack: ResolvedStack, lock: Lock | None) -> list[str]:
+    """The roles whose FROM follows a tag: a registry image with no digest in the lock or the
+    manifest. A substituted base (a site's mirror or local image) and a local base are the
+    site's own choice and not counted."""
+    floating = []
+    for role in ("build", "runtime"):
+        reference = base_reference(stack, lock, role)
+        base = getattr(stack.manifest.bases, role)
+        substituted = base.reference in _substitutions(stack).values()
+        local = reference.startswith(LOCAL_BASE_PREFIX)
+        if "@sha256:" not in reference and not substituted and not local:
+            floating.append(role)
+    return floating
+
+
+def refresh_bases(
+    stack: ResolvedStack, lock: Lock, engine: RegistryDigests | None
+) -> tuple[Lock, list[str]]:
+    """The lock with each base's digest asked of its registry again (no package resolution):
+    a digest the registry gives replaces the locked one (said, with both); a registry that
+    cannot be reached leaves the locked digest as it was (said too)."""
+    said: list[str] = []
+    bases = {}
+    for role in ("build", "runtime"):
+        locked: LockedBase = getattr(lock.bases, role)
+        asked = resolve_base(locked.image, None, engine)
+        if asked.digest is None:
+            said.append(f"{role} base {locked.image}: not verified ({asked.note}); kept")
+            bases[role] = locked
+        elif asked.digest == locked.digest:
+            said.append(f"{role} base {locked.image}: verified, {asked.digest}")
+            bases[role] = asked
+        else:
+            said.append(f"{role} base {locked.image}: {locked.digest} -> {asked.digest}")
+            bases[role] = asked
+    refreshed = lock.model_copy(update={"bases": LockedBases(**bases)})
+    return refreshed, said
+
+
 def _substitutions(stack: ResolvedStack) -> dict[str, str]:
     return dict(getattr(stack, "base_substitutions", None) or {})
 
@@ -220,6 +272,14 @@ def _parsed_lock(path: Path, size: int, mtime_ns: int, inode: int) -> Lock:
         except (OSError, ValueError):
             pass  # unreadable or from another version of the model: parse the YAML again
     lock = parse_document(load_yaml(path), Lock)
+    if lock.locked_hash is not None and lock.locked_hash != lock.pinned_hash():
+        raise StackError(
+            "what the lock pins does not match its locked_hash: the file was cut short or "
+            "edited by hand",
+            file=path,
+            key="locked_hash",
+            hint=f"run `sm120-stacks lock {lock.stack}` again (or restore the file from git)",
+        )
     if cached is not None:
         with contextlib.suppress(OSError):  # a cache that cannot be written costs time only
             write_atomic(cached, lock.model_dump_json())
@@ -382,6 +442,7 @@ def _version_source(prefer: Lock, locked: dict[str, LockedPackage]) -> VersionSo
 
 def write_lock(path: Path, lock: Lock) -> None:
     """Atomically, as YAML with one hash per line (diffs in review show exactly what moved)."""
+    lock = lock.model_copy(update={"locked_hash": lock.pinned_hash()})
     data = lock.model_dump(mode="json")
     if lock.python.versions_from is None:
         del data["python"]["versions_from"]  # locks made without a preference stay as they were

@@ -1,7 +1,7 @@
 # Rendered by sm120-stacks from stacks/vllm-0.22-sm90.yaml; edit the manifest, not this file.
 
 # --- toolchain: build base, system packages, Python 3.12 virtual environment ---
-FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS toolchain
+FROM nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6 AS toolchain
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -56,7 +56,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="90a" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-90a-py3.12-a85c5332e7f3,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/90a,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-90a-py3.12-c37cb6d07e09,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/90a,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_64_head_dim_vo_64_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_64_head_dim_vo_64_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False_sm90 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \

@@ -1,7 +1,7 @@
 # Rendered by sm120-stacks from stacks/vllm-0.33-marlin.yaml; edit the manifest, not this file.
 
 # --- toolchain: build base, system packages, Python 3.12 virtual environment ---
-FROM nvidia/cuda:13.0.2-devel-ubuntu24.04 AS toolchain
+FROM nvidia/cuda:13.0.2-devel-ubuntu24.04@sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6 AS toolchain
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -56,7 +56,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.7.2.post1-120f-py3.12-fde0124aa223,target=/opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/120f,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.7.2.post1-120f-py3.12-c036e87db87c,target=/opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling fp4_gemm_cutlass_sm120 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \

@@ -18,6 +18,8 @@ from builder.lock.lockfile import (
 from builder.spec.resolve import ResolvedStack
 
 ZERO_HASH = "sha256:" + "0" * 64
+#: The digest a test lock pins its bases at (as a real stack's lock does).
+BASE_DIGEST = "sha256:" + "5d" * 32
 
 
 def packages_of(versions: Mapping[str, str]) -> dict[str, LockedPackage]:
@@ -35,7 +37,9 @@ def lock_of(
 ) -> Lock:
     """A fresh lock of stack holding packages; the names in heavy go to the heavy layer."""
     inputs = lock_inputs(stack)
-    base = base or LockedBase(image=stack.manifest.bases.build.image, note="test")
+    base = base or LockedBase(
+        image=stack.manifest.bases.build.image, digest=BASE_DIGEST, note="test"
+    )
     heavy = set(heavy)
     return Lock(
         schema_version=LOCK_SCHEMA,
