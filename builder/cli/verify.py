@@ -227,6 +227,19 @@ def _smoke_runner(
     help="The server's process on this machine: the soak judges the memory of it and its "
     "children (without it, memory is not judged).",
 )
+@click.option(
+    "--record",
+    is_flag=True,
+    help="Add the verdict to the image's evidence in the registry (--registry): one host's "
+    "smoke counts for every host of its GPU kind.",
+)
+@click.option("--registry", help="With --record: HOST[:PORT][/NAMESPACE] the image is in.")
+@click.option(
+    "--gpu-kind",
+    metavar="NAME",
+    help="With --record: the server's GPU as nvidia-smi names it (default: read here, where "
+    "the server is local).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @pass_settings
 @user_errors
@@ -240,12 +253,16 @@ def smoke_command(
     jit_cache_dir: Path | None,
     soak_s: int | None,
     server_pid: int | None,
+    record: bool,
+    registry: str | None,
+    gpu_kind: str | None,
     as_json: bool,
 ) -> None:
     """Judge a running server with the stack's smoke: answers, garbage, runtime compiles, TTFT,
-    floors. The server runs elsewhere (started by hand, by `deploy`, on another host); its
-    verdict is not recorded against an image. Start it with FLASHINFER_JIT_VERBOSE=1, or
-    FlashInfer's compiles leave no line in its log."""
+    floors. The server runs elsewhere (started by hand, by `deploy`, on another host); with
+    --record, its verdict joins the evidence of the stack's current image in the registry (a
+    host of the same GPU kind can then be pinned to it). Start it with
+    FLASHINFER_JIT_VERBOSE=1, or FlashInfer's compiles leave no line in its log."""
     from builder.verify import smoke, soak  # imports requests: paid only when a smoke runs
 
     resolved = settings.checked(stack)
@@ -272,5 +289,45 @@ def smoke_command(
     )
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    if record:
+        _record_served(settings, resolved, result.to_json(), registry, gpu_kind)
     if not result.passed:
         raise SystemExit(1)
+
+
+def _record_served(
+    settings: Settings,
+    stack: ResolvedStack,
+    report: dict[str, Any],
+    registry: str | None,
+    gpu_kind: str | None,
+) -> None:
+    """The smoke's served verdict, added to the evidence of the stack's current image."""
+    from builder.evidence.attach import attach_served
+    from builder.evidence.reader import read_evidence
+    from builder.image.hostprobe import gather
+    from builder.image.records import load_record, save_record
+    from builder.image.registry import Registry
+    from builder.verify.served import served_verdict
+
+    content_hash = settings.render(stack).content_hash()
+    target = Registry.parse(registry)
+    evidence = read_evidence(target, stack.name, content_hash)  # the image must have its own
+    facts = gather(None, None) if stack.manifest.smoke.needs_gpu and gpu_kind is None else None
+    if stack.manifest.smoke.needs_gpu and gpu_kind is None and not (facts and facts.gpus):
+        raise StackError(
+            "the server's GPU kind is not known here (no GPU on this machine)",
+            key="--gpu-kind",
+            hint="name it: --gpu-kind 'NVIDIA RTX PRO 6000 Blackwell Server Edition' (as "
+            "`sm120-stacks doctor` on the server's host prints it)",
+        )
+    verdict = served_verdict(stack, report, facts, "smoke --url", gpu_kind)
+    local = load_record(settings.build_dir, stack.name, content_hash)
+    attached = attach_served(target, evidence.digest, local, verdict, report)
+    local.add_served(verdict)
+    save_record(settings.build_dir, local)
+    state = "passed" if verdict.passed else "failed"
+    click.echo(
+        f"recorded: served on {verdict.gpu_kind} ({state}) for {evidence.ref}: {attached.digest}",
+        err=True,
+    )

@@ -295,3 +295,67 @@ def test_a_gpu_stack_with_a_static_verdict_only_needs_allow_unserved(
         second_folder, cli_process, "verify", "hostg", "--hosts-dir", str(hosts), check=False
     )
     assert "unserved" in listed.stdout
+
+
+def test_a_deployed_hosts_smoke_records_a_served_verdict_for_its_gpu_kind(
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    registry: Registry,
+    second_folder: Path,
+    tmp_path: Path,
+) -> None:
+    """`smoke --url --record` against a server of the image (here a stand-in answering the
+    stack's prompts): its verdict joins the image's evidence, and a host of that GPU kind can
+    then be pinned from a folder with no records."""
+    from tests.support.fake_chat import Behaviour, fake_chat_server, url_of
+
+    gpu = "NVIDIA H200"
+    body = "env:\n  EVIDENCE_TEST: 'url'\nsmoke:\n  needs_gpu: true"
+    digest = _pushed_with_evidence("ev-url", variant, cli_process, workspace, registry, [], body)
+    _share("ev-url", workspace, second_folder)
+    with fake_chat_server(Behaviour(answers=True)) as server:
+        smoked = cli_process(
+            "smoke",
+            "ev-url",
+            "--url",
+            url_of(server),
+            "--record",
+            "--registry",
+            registry.host,
+            "--gpu-kind",
+            gpu,
+        )
+    assert f"recorded: served on {gpu} (passed)" in smoked.stderr
+    hosts = tmp_path / "hosts"
+    pinned = _run_in(
+        second_folder,
+        cli_process,
+        "pin",
+        "hosth",
+        "ev-url",
+        "--registry",
+        registry.host,
+        "--gpu-kind",
+        gpu.lower(),
+        "--hosts-dir",
+        str(hosts),
+    )
+    assert f"served on {gpu} x1" in pinned.stdout and "(smoke --url" in pinned.stdout
+    pin = (hosts / "hosth.yaml").read_text()
+    assert digest in pin and f"served_on: {gpu}" in pin and "allow_unserved: false" in pin
+    other = _run_in(
+        second_folder,
+        cli_process,
+        "pin",
+        "hostb",
+        "ev-url",
+        "--registry",
+        registry.host,
+        "--gpu-kind",
+        "NVIDIA GeForce RTX 5090",
+        "--hosts-dir",
+        str(hosts),
+        check=False,
+    )
+    assert other.returncode == 2 and "served on: NVIDIA H200 (passed)" in other.stderr
