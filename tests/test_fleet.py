@@ -63,6 +63,9 @@ def _pin(
     when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     options.setdefault("volumes", (f"{tmp_path}/models:/models",))
     options.setdefault("gpu_kind", SERVED_GPU)
+    if options.get("engine"):  # a host reached from here serves beyond its loopback: a key
+        options.setdefault("ports", ("8000:8000",))
+        options.setdefault("api_key_file", "/etc/sm120-stacks/keys/gpu.key")
     return make_pin(host, resolved, content_hash, record, None, PinOptions(**options), when)
 
 

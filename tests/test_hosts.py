@@ -113,7 +113,7 @@ def _container(**changes: Any) -> dict[str, Any]:
         },
         "HostConfig": {
             "DeviceRequests": [{"Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]]}],
-            "PortBindings": {"8000/tcp": [{"HostIp": "", "HostPort": "8000"}]},
+            "PortBindings": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": "8000"}]},
             "ShmSize": 16 * 1024**3,
         },
         "Mounts": [
@@ -235,7 +235,7 @@ def test_pin_round_trips_through_its_file(stacks_dir: Path, tmp_path: Path) -> N
     assert data["command"][:2] == ["vllm", "serve"]
     assert data["env"]["EXTRA"] == "1" and data["env"]["HF_HOME"] == "/models/hf"
     assert data["gpus"] == [0, 1]
-    assert data["ports"] == ["8000:8000"]
+    assert data["ports"] == ["127.0.0.1:8000:8000"]  # loopback unless asked
     assert data["volumes"] == [{"source": "/srv/m", "target": "/models", "read_only": True}]
     assert data["needs"]["min_driver"] == "580.65.06"
     assert data["needs"]["targets"] == {"sm120": "12.0"}
@@ -386,7 +386,7 @@ def test_compose_runs_exactly_the_pinned_digest(stacks_dir: Path, tmp_path: Path
     assert service["environment"] == pin.env
     assert service["shm_size"] == "16g"
     assert service["restart"] == "unless-stopped"
-    assert service["ports"] == ["8000:8000"]
+    assert service["ports"] == ["127.0.0.1:8000:8000"]
     assert service["volumes"] == [
         {"type": "bind", "source": "/srv/m", "target": "/models", "read_only": True}
     ]
@@ -595,7 +595,7 @@ def test_a_vllm_pin_keeps_its_compile_caches_on_a_volume(stacks_dir: Path, tmp_p
     pin = _pin(stacks_dir, tmp_path, env=("TRITON_CACHE_DIR=/elsewhere",))
     volumes = [(v.source, v.target, v.read_only) for v in pin.volumes]
     assert (f"sm120-stacks-cache-{STACK}", CACHE_TARGET, False) in volumes
-    assert ("/var/lib/sm120-stacks/models", "/models", False) in volumes
+    assert ("/var/lib/sm120-stacks/models", "/models", True) in volumes  # read-only
     for name, value in CACHE_ENV.items():
         expected = "/elsewhere" if name == "TRITON_CACHE_DIR" else value
         assert pin.env[name] == expected

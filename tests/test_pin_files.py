@@ -12,7 +12,7 @@ import yaml
 from click.testing import Result
 
 from builder.errors import EngineError, StackError
-from builder.hosts import deploy
+from builder.hosts import container, deploy
 from builder.hosts.hostcheck import check, requirements_for
 from builder.hosts.pins import PIN_SCHEMA, Pin, PinOptions, load_pin, make_pin, write_pin
 from builder.image.engine import ContainerSpec, Image
@@ -89,7 +89,7 @@ def test_the_health_check_probes_the_pinned_serve_port(stacks_dir: Path, tmp_pat
     _edit(path, drop_port_flag)
     pin = load_pin(tmp_path / "hosts", HOST)
     assert pin.serve_port == 8123
-    assert "http://127.0.0.1:8123/health" in deploy.health_test(pin)[3]
+    assert "http://127.0.0.1:8123/health" in container.health_test(pin)[3]
 
 
 # --- schema version ----------------------------------------------------------------------------

@@ -132,7 +132,13 @@ def lock(settings: Settings, stack: str, versions_from: Path | None, refresh_bas
 @click.argument("stack")
 @click.option("--registry", help="The registry the host pulls from (when pushed to several).")
 @click.option("--gpus", default="all", show_default=True, help="all, none, or indices: 0,1.")
-@click.option("--port", "ports", multiple=True, help="[IP:]HOST_PORT:CONTAINER_PORT (repeat).")
+@click.option(
+    "--port",
+    "ports",
+    multiple=True,
+    help="[IP:]HOST_PORT:CONTAINER_PORT (repeat); default: the serve port on 127.0.0.1 only. "
+    "Any other address needs --api-key-file (or --no-auth).",
+)
 @click.option(
     "--volume",
     "volumes",
@@ -162,6 +168,18 @@ def lock(settings: Settings, stack: str, versions_from: Path | None, refresh_bas
     "verdict on it.",
 )
 @click.option(
+    "--api-key-file",
+    metavar="PATH",
+    help="A file on the host holding the server's API key (its path goes into the pin, never "
+    "the key): needed to publish the serve port beyond loopback; clients send "
+    "`Authorization: Bearer KEY`.",
+)
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Publish the serve port beyond loopback with no API key (recorded; verify reports it).",
+)
+@click.option(
     "--allow-unserved",
     is_flag=True,
     help="Pin an image whose smoke never served on the host's GPU kind (the pin records it; "
@@ -182,6 +200,8 @@ def pin(
     restart: str,
     host_engine: str | None,
     gpu_kind: str | None,
+    api_key_file: str | None,
+    no_auth: bool,
     allow_unserved: bool,
     hosts_dir: Path | None,
 ) -> None:
@@ -213,6 +233,8 @@ def pin(
         engine=host_engine,
         gpu_kind=gpu_kind,
         allow_unserved=allow_unserved,
+        api_key_file=api_key_file,
+        no_auth=no_auth,
     )
     made = make_pin(host, resolved, content_hash, record, repository, options)
     path = write_pin(_hosts_dir(settings, hosts_dir), made)

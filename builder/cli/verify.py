@@ -228,6 +228,12 @@ def _smoke_runner(
     "children (without it, memory is not judged).",
 )
 @click.option(
+    "--api-key-file",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="A file holding the server's API key (sent as `Authorization: Bearer KEY`; never "
+    "written to the report or the log).",
+)
+@click.option(
     "--record",
     is_flag=True,
     help="Add the verdict to the image's evidence in the registry (--registry): one host's "
@@ -253,6 +259,7 @@ def smoke_command(
     jit_cache_dir: Path | None,
     soak_s: int | None,
     server_pid: int | None,
+    api_key_file: Path | None,
     record: bool,
     registry: str | None,
     gpu_kind: str | None,
@@ -278,6 +285,7 @@ def smoke_command(
         server_log=server_log,
         model=model,
         kernel_cache=directory_watch(resolved, jit_cache_dir) if jit_cache_dir else None,
+        api_key=api_key_file.read_text().strip() if api_key_file else None,
         log=lambda line: click.echo(line, err=True),
         after=soak.after_smoke(
             resolved,

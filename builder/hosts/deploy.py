@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jinja2
 
 from builder.errors import EngineError, StackError, ToolMissing
 from builder.files import write_atomic
+from builder.hosts.container import SECRET_TARGET, describe, volumes
 from builder.hosts.drift import config_drifts, state_drifts
-from builder.hosts.pins import Pin, labels, port_parts
-from builder.image.engine import ContainerSpec, Engine, HealthCheck, Mount, PortBinding
+from builder.hosts.pins import Pin
+from builder.image.engine import ContainerSpec, Engine, PortBinding
 from builder.image.hostprobe import RUNTIME_FIX
 from builder.render.context import TEMPLATES_DIR
 
@@ -28,37 +29,29 @@ DOCKER = "/usr/bin/docker"
 SYSTEMD_RESTART = {"always": "always", "unless-stopped": "always", "on-failure": "on-failure"}
 
 
-def health_test(pin: Pin) -> list[str]:
-    """Exec-form health check: the image's Python fetches the health path (no curl needed)."""
-    url = f"http://127.0.0.1:{pin.serve_port}{pin.health.path}"
-    code = f"import urllib.request as u; u.urlopen({url!r}, timeout={pin.health.timeout_s})"
-    return ["CMD", "python", "-c", code]
-
-
 def unit_name(pin: Pin) -> str:
     return f"{pin.container}.service"
 
 
 def host_folders(pin: Pin) -> list[Path]:
-    """The host folders the container writes to, its read-write bind mounts (the models folder,
-    caches): the pin's own, so deploying makes them. A read-only bind is what the host provides
-    (a model put there by hand); an empty folder made for it would only hide that it is missing.
-    """
-    return [Path(v.source) for v in pin.volumes if v.source.startswith("/") and not v.read_only]
+    """The host folders the container writes to, its read-write bind mounts: the pin's own, so
+    deploying makes them. A read-only bind is what the host provides (the models, the API key
+    file); an empty folder made for it would only hide that it is missing."""
+    return [Path(v.source) for v in volumes(pin) if v.bind and not v.read_only]
 
 
 def make_host_folders(pin: Pin) -> list[Path]:
     """Make the pin's missing host folders before its container starts (the engine refuses a
     bind mount of a path that does not exist); returns those made. A missing read-only source,
     or a folder this user may not make, is a StackError saying what to do."""
-    for v in pin.volumes:
-        if v.read_only and v.source.startswith("/") and not Path(v.source).exists():
+    for v in volumes(pin):
+        if v.read_only and v.bind and not Path(v.source).exists():
+            what = "its API key" if v.target == SECRET_TARGET else "the model"
             raise StackError(
                 f"{v.source} does not exist on this host; the pin mounts it read-only at "
                 f"{v.target}",
-                key="volumes",
-                hint=f"put what the server reads from {v.target} there (the model), or pin "
-                "again with another --volume",
+                key="api_key_file" if v.target == SECRET_TARGET else "volumes",
+                hint=f"put what the server reads from {v.target} there ({what}), or pin " "again",
             )
     made = []
     for folder in host_folders(pin):
@@ -79,28 +72,34 @@ def make_host_folders(pin: Pin) -> list[Path]:
 
 
 def render_files(pin: Pin) -> dict[str, str]:
-    """compose.yaml and the systemd unit for the pin, by file name."""
+    """compose.yaml and the systemd unit for the pin, by file name: both from its container
+    description (hosts/container.py)."""
     env = _jinja_env()
+    spec = describe(pin)
     gpu_device: dict[str, Any] | None = None
-    if pin.gpus != "none":
+    if spec.gpus is not None:
         gpu_device = {"driver": "nvidia", "capabilities": ["gpu"]}
-        if pin.gpu_indices is None:
+        if spec.gpus == "all":
             gpu_device["count"] = "all"
         else:
-            gpu_device["device_ids"] = [str(i) for i in pin.gpu_indices]
-    volumes = [
-        {"type": "bind" if v.source.startswith("/") else "volume", "source": v.source}
-        | {"target": v.target, "read_only": v.read_only}
-        for v in pin.volumes
+            gpu_device["device_ids"] = [str(i) for i in spec.gpus]
+    mounts = [
+        {"type": "bind" if m.source.startswith("/") else "volume", "source": m.source}
+        | {"target": m.target, "read_only": m.read_only}
+        for m in spec.mounts
     ]
     compose = env.get_template("deploy/compose.yaml.j2").render(
         pin=pin,
+        spec=spec,
+        command=list(spec.command or ()),
+        environment=dict(spec.environment),
+        ports=[_port_text(p) for p in spec.ports],
         project=f"sm120-stacks-{pin.host}".replace(".", "-"),
         service=SERVICE,
-        volumes=volumes,
-        health_test=health_test(pin),
+        volumes=mounts,
+        health_test=list(spec.healthcheck.test) if spec.healthcheck else [],
         gpu_device=gpu_device,
-        labels=labels(pin),
+        labels=dict(spec.labels),
     )
     unit = env.get_template("deploy/unit.service.j2").render(
         pin=pin,
@@ -114,34 +113,43 @@ def render_files(pin: Pin) -> dict[str, str]:
 
 
 def docker_run_args(pin: Pin) -> list[str]:
-    """`docker run` arguments (after `docker`) equivalent to the compose service.
+    """`docker run` arguments (after `docker`) of the pin's container description.
 
     systemd owns restarts here, so the container itself has no restart policy and --rm.
     """
+    spec = describe(pin)
     args = ["run", "--rm", "--name", pin.container, "--pull", "missing"]
-    for key, value in labels(pin).items():
+    for key, value in spec.labels.items():
         args += ["--label", f"{key}={value}"]
-    if pin.gpus == "all":
+    if spec.gpus == "all":
         args += ["--gpus", "all"]
-    elif pin.gpu_indices:
-        args += ["--gpus", '"device=' + ",".join(map(str, pin.gpu_indices)) + '"']
+    elif spec.gpus:
+        args += ["--gpus", '"device=' + ",".join(map(str, spec.gpus)) + '"']
     args += ["--shm-size", pin.shm_size]
-    for mapping in pin.ports:
-        args += ["--publish", mapping]
-    for v in pin.volumes:
-        kind = "bind" if v.source.startswith("/") else "volume"
-        ro = ",readonly" if v.read_only else ""
-        args += ["--mount", f"type={kind},source={v.source},target={v.target}{ro}"]
-    for key, value in pin.env.items():
+    for port in spec.ports:
+        args += ["--publish", _port_text(port)]
+    for m in spec.mounts:
+        kind = "bind" if m.source.startswith("/") else "volume"
+        ro = ",readonly" if m.read_only else ""
+        args += ["--mount", f"type={kind},source={m.source},target={m.target}{ro}"]
+    for key, value in spec.environment.items():
         args += ["--env", f"{key}={value}"]
-    args += ["--health-cmd", shlex.join(health_test(pin)[1:])]
-    args += [
-        f"--health-interval={pin.health.interval_s}s",
-        f"--health-timeout={pin.health.timeout_s}s",
-        f"--health-retries={pin.health.retries}",
-        f"--health-start-period={pin.health.start_period_s}s",
-    ]
-    return [*args, pin.image, *pin.command]
+    if spec.healthcheck is not None:
+        check = spec.healthcheck
+        args += ["--health-cmd", shlex.join(check.test[1:])]
+        args += [
+            f"--health-interval={check.interval_s}s",
+            f"--health-timeout={check.timeout_s}s",
+            f"--health-retries={check.retries}",
+            f"--health-start-period={check.start_period_s}s",
+        ]
+    return [*args, spec.image, *(spec.command or ())]
+
+
+def _port_text(port: PortBinding) -> str:
+    """[IP:]HOST:CONTAINER as docker and compose write it."""
+    ip = f"{port.host_ip}:" if port.host_ip else ""
+    return f"{ip}{port.host_port}:{port.container_port}"
 
 
 def write_files(pin: Pin, out_dir: Path) -> list[Path]:
@@ -153,32 +161,8 @@ def write_files(pin: Pin, out_dir: Path) -> list[Path]:
 
 
 def container_spec(pin: Pin) -> ContainerSpec:
-    """The container `--apply` starts: the compose service's settings."""
-    gpus: Literal["all"] | tuple[int, ...] | None = None
-    if pin.gpus != "none":
-        gpus = "all" if pin.gpu_indices is None else tuple(pin.gpu_indices)
-    return ContainerSpec(
-        image=pin.image,
-        command=tuple(pin.command),
-        name=pin.container,
-        environment=dict(pin.env),
-        labels=labels(pin),
-        shm_size=pin.shm_size,
-        ports=tuple(
-            PortBinding(container, ip or None, host)
-            for ip, host, container in map(port_parts, pin.ports)
-        ),
-        mounts=tuple(Mount(v.source, v.target, v.read_only) for v in pin.volumes),
-        gpus=gpus,
-        restart=pin.restart,
-        healthcheck=HealthCheck(
-            test=tuple(health_test(pin)),
-            interval_s=pin.health.interval_s,
-            timeout_s=pin.health.timeout_s,
-            retries=pin.health.retries,
-            start_period_s=pin.health.start_period_s,
-        ),
-    )
+    """The container `--apply` starts: the pin's container description."""
+    return describe(pin)
 
 
 def apply(pin: Pin, engine: Engine) -> str:

@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from builder.hosts.container import run_command, volumes
 from builder.hosts.hostcheck import Finding, check
-from builder.hosts.pins import LABEL_HOST, Pin, port_parts
+from builder.hosts.pins import LABEL_HOST, Pin, exposure_findings, port_parts
 from builder.image.engine import Engine
 from builder.image.hostprobe import HostFacts
 
@@ -65,12 +66,12 @@ def expected_config(pin: Pin, image_config: dict[str, Any]) -> dict[str, Any]:
         for ip, host, container in map(port_parts, pin.ports)
     )
     return {
-        "command": list(pin.command),
+        "command": run_command(pin),
         "entrypoint": list(image_config.get("Entrypoint") or []),
         "env": env,
         "gpus": _gpus_text(pin.gpu_indices),
         "mounts": sorted(
-            f"{v.source}:{v.target}:{'ro' if v.read_only else 'rw'}" for v in pin.volumes
+            f"{v.source}:{v.target}:{'ro' if v.read_only else 'rw'}" for v in volumes(pin)
         ),
         "ports": ports,
         "shm_size": shm_bytes(pin.shm_size),
@@ -174,6 +175,8 @@ def config_drifts(pin: Pin, engine: Engine, attrs: dict[str, Any]) -> list[Drift
 def verify(pin: Pin, engine: Engine | None, engine_error: str | None, facts: HostFacts) -> Report:
     """Every drift between the host and its pin; prerequisites only when the pin uses GPUs."""
     report = Report(pin.host, pin.image)
+    for exposed in exposure_findings(pin):
+        report.drifts.append(Drift("exposed", f"{exposed} (pinned with --no-auth)"))
     if pin.allow_unserved:
         report.drifts.append(
             Drift(

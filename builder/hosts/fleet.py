@@ -239,12 +239,22 @@ def smoke_gate(
             return GateResult(True, f"no smoke: no manifest of {pin.stack} here")
         stamp = time.strftime("%Y%m%dT%H%M%S")
         report_path = report_dir / f"{pin.host}-{pin.content_hash[:16]}-{stamp}.json"
-        report = run_smoke_url(url_of(pin), stack, report_path=report_path, log=log)
+        key = read_api_key(pin)
+        report = run_smoke_url(url_of(pin), stack, report_path=report_path, log=log, api_key=key)
         if report.passed:
             return GateResult(True, f"smoke passed ({report_path})")
         return GateResult(False, f"smoke failed: {_failures(report.failed())} ({report_path})")
 
     return gate
+
+
+def read_api_key(pin: Pin) -> str | None:
+    """The pin's API key, where its file is on this machine (the host deploys itself, or a
+    copy sits at the same path); a host whose key is elsewhere answers 401 and the gate says
+    so."""
+    if pin.api_key_file is None or not Path(pin.api_key_file).is_file():
+        return None
+    return Path(pin.api_key_file).read_text().strip() or None
 
 
 def _failures(checks: Sequence[Check]) -> str:

@@ -28,8 +28,9 @@ import yaml
 from builder import REPO_ROOT
 from builder.errors import StackError
 from builder.files import write_atomic
-from builder.hosts.deploy import health_test
+from builder.hosts.container import SECRET_TARGET, health_test, run_command
 from builder.hosts.pins import LABEL_CONTENT, LABEL_HOST, LABEL_STACK, Pin
+from builder.spec.vllm_argv import last_value
 
 SCHEMA = REPO_ROOT / "knowledge" / "k8s" / "schema.json"
 FILE = "k8s.yaml"
@@ -56,8 +57,15 @@ def object_name(pin: Pin) -> str:
 
 
 def gpu_count(pin: Pin) -> int:
-    """GPUs the server needs: its tensor-parallel times its pipeline-parallel size."""
+    """GPUs the server needs: its tensor-parallel times its pipeline-parallel size, read as
+    vLLM's parser reads them (spec/vllm_argv)."""
     return _flag(pin.command, TP_FLAGS) * _flag(pin.command, PP_FLAGS)
+
+
+def secret_name(pin: Pin) -> str:
+    """The Secret holding the pin's API key: `kubectl create secret generic NAME
+    --from-file=api-key=FILE` (the key is in no rendered file)."""
+    return f"{object_name(pin)}-api-key"[:63]
 
 
 def node_selector(pin: Pin, gpu_product: str | None) -> dict[str, str]:
@@ -103,7 +111,7 @@ def manifests(pin: Pin, gpu_product: str | None = None) -> list[dict[str, Any]]:
         "name": CONTAINER,
         "image": pin.image,
         "imagePullPolicy": "IfNotPresent",
-        "args": list(pin.command),
+        "args": run_command(pin),
         "env": [{"name": key, "value": value} for key, value in pin.env.items()],
         "ports": [{"name": PORT_NAME, "containerPort": pin.serve_port, "protocol": "TCP"}],
         "startupProbe": startup,
@@ -201,14 +209,11 @@ def _schemas() -> dict[str, dict[str, Any]]:
 
 
 def _flag(command: list[str], names: tuple[str, ...]) -> int:
-    value = 1
-    for index, word in enumerate(command):
-        for name in names:
-            if word == name and index + 1 < len(command) and command[index + 1].isdigit():
-                value = int(command[index + 1])
-            elif word.startswith(name + "=") and word.split("=", 1)[1].isdigit():
-                value = int(word.split("=", 1)[1])
-    return value
+    try:
+        found = last_value(command, names[0], names[1:])
+    except ValueError:
+        return 1
+    return int(found.value) if found is not None and found.value.isdigit() else 1
 
 
 def _volumes(pin: Pin) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -227,6 +232,12 @@ def _volumes(pin: Pin) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         else:
             claim = {"claimName": volume.source, "readOnly": volume.read_only}
             volumes.append({"name": name, "persistentVolumeClaim": claim})
+    if pin.api_key_file is not None:
+        mounts.append(
+            {"name": "api-key", "mountPath": SECRET_TARGET, "subPath": "api-key", "readOnly": True}
+        )
+        secret = {"secretName": secret_name(pin), "defaultMode": 0o400}
+        volumes.append({"name": "api-key", "secret": secret})
     return mounts, volumes
 
 

@@ -132,6 +132,12 @@ class Pin(Strict):
     served_on: Annotated[str, StringConstraints(max_length=200)] | None = None
     #: Pinned with --allow-unserved: `verify` shows it as a finding.
     allow_unserved: bool = False
+    #: A file on the host holding the server's API key (never the key itself): mounted
+    #: read-only into the container, read by vLLM (VLLM_API_KEY) or the in-image key gate
+    #: (hosts/container.py). Needed to publish the serve port beyond loopback.
+    api_key_file: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]+$")] | None = None
+    #: Published beyond loopback without a key, as asked (--no-auth): `verify` shows it.
+    no_auth: bool = False
     health: Health
     needs: HostNeeds
     #: The host's Docker engine (builder.image.address): ssh://USER@HOST for a remote host,
@@ -166,6 +172,10 @@ class PinOptions:
     gpu_kind: str | None = None
     #: Pin an image that never served on the host's GPU kind (recorded in the pin).
     allow_unserved: bool = False
+    #: The host's file holding the API key (its path goes into the pin, never the key).
+    api_key_file: str | None = None
+    #: Publish beyond loopback without a key (recorded in the pin).
+    no_auth: bool = False
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -383,7 +393,7 @@ def make_pin(
         serve_port=m.serve.port,
         env={**(CACHE_ENV if m.serve.engine == "vllm" else {}), **m.env, **_pairs(options.env)},
         gpus=_gpus(options.gpus),
-        ports=list(options.ports) or [f"{m.serve.port}:{m.serve.port}"],
+        ports=list(options.ports) or [f"127.0.0.1:{m.serve.port}:{m.serve.port}"],
         volumes=[_volume(v) for v in options.volumes] or _default_volumes(stack),
         shm_size=m.serve.shm_size,
         restart=options.restart,
@@ -391,6 +401,8 @@ def make_pin(
         health=Health(start_period_s=m.smoke.health_timeout_s),
         served_on=served_on,
         allow_unserved=served_on is None and m.smoke.needs_gpu,
+        api_key_file=_key_file(options.api_key_file),
+        no_auth=options.no_auth,
         needs=HostNeeds(
             cuda=m.cuda,
             min_driver=needs.min_driver,
@@ -398,7 +410,7 @@ def make_pin(
         ),
     )
     try:
-        return Pin.model_validate(fields)
+        pin = Pin.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ".".join(str(part) for part in first["loc"])
@@ -407,11 +419,48 @@ def make_pin(
             key=key,
             hint="check the --env/--port/--volume values",
         ) from None
+    exposed = exposure_findings(pin)
+    if exposed and not pin.no_auth:
+        raise StackError(
+            f"{exposed[0]}: anyone who reaches the host could use its GPU",
+            key="--port",
+            hint="give the server a key (--api-key-file FILE on the host; clients send it as "
+            "`Authorization: Bearer KEY`), publish on loopback (--port 127.0.0.1:H:C), or "
+            "pass --no-auth to publish it open (recorded in the pin; verify reports it)",
+        )
+    return pin
+
+
+def _key_file(path: str | None) -> str | None:
+    if path is None:
+        return None
+    if not path.startswith("/"):
+        raise StackError(
+            f"--api-key-file {path!r} is not an absolute path on the host",
+            key="--api-key-file",
+            hint="the file is read on the serving host: /etc/sm120-stacks/keys/HOST.key, say",
+        )
+    return path
+
+
+def exposure_findings(pin: Pin) -> list[str]:
+    """Why the pin's server answers more than it should: a port published beyond this host's
+    loopback with no API key (allowed only by --no-auth, and then still a finding)."""
+    wide = [m for m in pin.ports if port_parts(m)[2] == pin.serve_port and not _loopback(m)]
+    if wide and pin.api_key_file is None:
+        return [f"{', '.join(wide)} publishes the serve port beyond loopback with no API key"]
+    return []
+
+
+def _loopback(mapping: str) -> bool:
+    ip = port_parts(mapping)[0]
+    return bool(ip) and ip.startswith("127.")
 
 
 def _default_volumes(stack: ResolvedStack) -> list[Volume]:
-    """Models from the host; for vLLM, a named volume per stack for the compile caches."""
-    volumes = [Volume(source=DEFAULT_MODELS, target=MODELS_TARGET)]
+    """Models from the host, read-only (the server reads them; its caches have their own
+    volume); for vLLM, a named volume per stack for the compile caches."""
+    volumes = [Volume(source=DEFAULT_MODELS, target=MODELS_TARGET, read_only=True)]
     if stack.manifest.serve.engine == "vllm":
         volumes.append(Volume(source=f"sm120-stacks-cache-{stack.name}", target=CACHE_TARGET))
     return volumes

@@ -66,7 +66,7 @@ def server_url(pin: Pin, default: str | None = None) -> str:
                 "from this machine",
                 key="ports",
                 hint=f"pin it again with --port {port}:{pin.serve_port} (every address) or "
-                f"--port ADDRESS:{port}:{pin.serve_port}",
+                f"--port ADDRESS:{port}:{pin.serve_port}, and --api-key-file FILE",
             )
         host = ip
     else:

@@ -208,8 +208,11 @@ def run_smoke_url(
     after: AfterSmoke | None = None,
     model: str | None = None,
     kernel_cache: KernelCacheWatch | None = None,
+    api_key: str | None = None,
 ) -> SmokeReport:
     """The same judge for a server the tool did not start, already running at base_url.
+    api_key: sent as `Authorization: Bearer KEY` with every chat request (never written to
+    the report or the log).
 
     Its log is read from server_log when given (copied beside the report, then judged for
     runtime compiles); without one, compiles are not judged and the report says so. The
@@ -236,6 +239,8 @@ def run_smoke_url(
     try:
         server = _UrlServer(base_url, stack, report, log, server_log)
         server.model = model or server.model
+        if api_key:
+            server.headers["Authorization"] = f"Bearer {api_key}"
         log(f"smoke: judging the server at {server.root}")
         if server.wait_ready():
             server.exercise()
@@ -273,6 +278,8 @@ class LiveServer:
     container: Container | None
     #: The smoke's report: the next check adds its checks to it.
     report: SmokeReport
+    #: What every request sends besides the body (the server's API key).
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 AfterSmoke = Callable[[LiveServer], None]
@@ -282,7 +289,16 @@ def _run_after(server: _Endpoint, after: AfterSmoke | None, container: Container
     """`after` on a server whose smoke passed so far; a failed smoke already has its verdict."""
     if after is None or server.base_url is None or server.died or not server.report.passed:
         return
-    after(LiveServer(server.base_url, server.model, server._running, container, server.report))
+    after(
+        LiveServer(
+            server.base_url,
+            server.model,
+            server._running,
+            container,
+            server.report,
+            dict(server.headers),
+        )
+    )
 
 
 def _start(
@@ -338,6 +354,8 @@ class _Endpoint:
         self.model = serve.served_model_name or serve.model.id
         self.base_url: str | None = None
         self.died = False
+        #: Sent with every chat request (the API key of a server that wants one).
+        self.headers: dict[str, str] = {}
 
     # -- lifecycle --
 
@@ -482,7 +500,9 @@ class _Endpoint:
                 phase, prompt, error="ValueError: the serve port is not published"
             )
         else:
-            completion = stream_chat(url, self.model, prompt, max_tokens, phase=phase)
+            completion = stream_chat(
+                url, self.model, prompt, max_tokens, phase=phase, headers=self.headers
+            )
         self.report.completions.append(completion)
         if completion.error is None and self.report.mode is None:
             self.report.mode = "streaming" if completion.streamed else "non-streaming"

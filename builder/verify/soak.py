@@ -228,6 +228,7 @@ class _Soak:
 
     def worker(self, index: int) -> None:
         session = requests.Session()
+        session.headers.update(self.server.headers)
         session.headers["User-Agent"] = USER_AGENT
         turn = 0
         while not self.drain.is_set():

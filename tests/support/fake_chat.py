@@ -142,3 +142,18 @@ def fake_chat_server(behaviour: Behaviour) -> Iterator[_Server]:
 def url_of(server: _Server) -> str:
     host, port = server.server_address[:2]
     return f"http://{host!s}:{port}"
+
+
+def main() -> None:
+    """Serve the stand-in on a port until killed: `python -m tests.support.fake_chat PORT`."""
+    import sys
+
+    server = _Server(("127.0.0.1", int(sys.argv[1])), _Handler)
+    server.behaviour = Behaviour(answers=True)
+    server.user_agents, server.bodies, server.headers = [], [], []
+    server.lock = threading.Lock()
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
