@@ -22,6 +22,7 @@ from builder.cli.app import (
 from builder.errors import StackError
 from builder.image.cabundle import resolve_ca_bundle
 from builder.image.engine import Engine
+from builder.spec.checkpoint import check_checkpoint
 from builder.spec.resolve import ResolvedStack
 from builder.verify.kernel_cache import container_watch, directory_watch, summary_lines
 from builder.verify.report import CacheRow, TestReport
@@ -116,8 +117,14 @@ def test_command(
     """Validate the stack's current image: static checks, JIT cache, smoke prompt."""
     proxy_ca = resolve_ca_bundle(ca_bundle)  # what builds were given: the image holds none of it
     resolved = settings.checked(stack)
+    parsed = _parse_mounts(mounts)
+    model_dir = _model_folder(resolved, parsed)
+    if model_dir is not None:
+        said = check_checkpoint(resolved, model_dir)
+        if said:
+            click.echo(f"model: {said}", err=True)
     engine = settings.connect()
-    smoke = _smoke_runner(engine, resolved, _parse_mounts(mounts), require_gpu, as_json, soak_s)
+    smoke = _smoke_runner(engine, resolved, parsed, require_gpu, as_json, soak_s)
     report = validate(
         engine, resolved, settings.render(resolved), settings.build_dir, proxy_ca, smoke
     )
@@ -127,6 +134,27 @@ def test_command(
         print_report(report)
     if not report.passed:
         raise SystemExit(1)
+
+
+def _model_folder(stack: ResolvedStack, mounts: dict[str, str]) -> Path | None:
+    """The host folder a --mount gives the serve command's model: its id is a path inside a
+    mount, or a Hugging Face id whose snapshot is in the hub cache under HF_HOME (the newest
+    snapshot: what vLLM loads offline)."""
+    model = stack.manifest.serve.model.id
+    inside = model
+    if not model.startswith("/"):
+        home = stack.manifest.env.get("HF_HOME")
+        if home is None:
+            return None
+        inside = f"{home.rstrip('/')}/hub/models--{model.replace('/', '--')}"
+    for host, target in mounts.items():
+        if inside == target or inside.startswith(target.rstrip("/") + "/"):
+            folder = Path(host) / inside.removeprefix(target).lstrip("/")
+            if model.startswith("/"):
+                return folder
+            snapshots = sorted((folder / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
+            return snapshots[-1] if snapshots else None
+    return None
 
 
 def _parse_mounts(mounts: tuple[str, ...]) -> dict[str, str]:
