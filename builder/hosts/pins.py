@@ -58,6 +58,11 @@ CACHE_ENV = {
     "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_TARGET}/inductor",
     "CUTE_DSL_CACHE_DIR": f"{CACHE_TARGET}/cute-dsl",
     "FLASHINFER_WORKSPACE_BASE": f"{CACHE_TARGET}/flashinfer",
+    # The CUDA driver's JIT of PTX (vLLM 0.33's FA2 holds sm_80 code and PTX only: on sm12x
+    # the driver compiles it at first load, silently). Its default 256 MiB is too small for
+    # FA2's kernels; the cache is valid for one driver version.
+    "CUDA_CACHE_PATH": f"{CACHE_TARGET}/cuda-driver",
+    "CUDA_CACHE_MAXSIZE": "4294967296",
 }
 HEADER = (
     "# Pinned by `sm120-stacks pin {host} {stack}`. Deploy with `sm120-stacks deploy {host}`,\n"

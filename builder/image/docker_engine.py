@@ -344,6 +344,11 @@ class DockerContainer:
         with _engine_errors():
             self._container.remove(force=force)
 
+    def exec(self, argv: list[str]) -> tuple[int, str]:
+        with _engine_errors():
+            code, output = self._container.exec_run(argv, demux=False)
+        return int(code), bytes(output or b"").decode("utf-8", errors="replace")
+
     def memory_bytes(self) -> int | None:
         with _engine_errors():
             stats = self.sdk_stats()

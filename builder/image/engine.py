@@ -99,6 +99,10 @@ class Container(Protocol):
 
     def remove(self, *, force: bool = False) -> None: ...
 
+    def exec(self, argv: list[str]) -> tuple[int, str]:
+        """Run argv in the running container: (exit status, stdout and stderr)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Mount:

@@ -40,6 +40,9 @@ def served_verdict(
         str(item["kind"]): int(item.get("compiles") or 0)
         for item in (smoke.get("runtime_compiles") or {}).get("kinds", [])
     }
+    driver = smoke.get("driver_cache")
+    if driver is not None:
+        compiles["cuda_driver"] = int(driver.get("files") or 0)  # files its PTX JIT wrote
     return ServedVerdict(
         gpu_kind=kind,
         gpu_count=count,

@@ -66,6 +66,10 @@ POLL_S = 1.0
 #: later (longer on a loaded machine), and a dead server must not pass "server stays up".
 DEATH_SETTLE_S = 5.0
 LOG_TAIL_LINES = 25
+#: Where the smoke's servers keep the CUDA driver's JIT cache (CUDA_CACHE_PATH): what the driver
+#: compiled from PTX while the server started and served is named there, since nothing logs it.
+DRIVER_CACHE = "/var/cache/sm120-stacks/cuda-driver"
+DRIVER_ENV = {"CUDA_CACHE_PATH": DRIVER_CACHE, "CUDA_CACHE_MAXSIZE": "4294967296"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,9 @@ class SmokeReport:
     #: The kernels a disk cache held before the smoke and after it, each hit or miss
     #: (`verify.kernel_cache`); None: no cache listed.
     kernel_cache: dict[str, Any] | None = None
+    #: What the CUDA driver compiled from PTX into CUDA_CACHE_PATH during the smoke (files,
+    #: bytes); None: not read (a server the tool did not start).
+    driver_cache: dict[str, Any] | None = None
     #: The soak's summary when one ran after the smoke (`verify.soak`); its checks are above.
     soak: dict[str, Any] | None = None
     #: "container" (the tool served the image) or "url" (a server it did not start).
@@ -189,6 +196,7 @@ def run_smoke(
         if container is not None:
             if kernel_cache is not None:
                 kernel_cache.after(container)
+            report.driver_cache = _driver_cache(container)
             _collect_log(container, report, report_path)
             _remove(container)
             _judge_kernel_cache(report, kernel_cache)
@@ -317,7 +325,7 @@ def _start(
         image=image_ref,
         name=name,
         labels={"sm120-stacks.smoke": stack.name},
-        environment=smoke_environment(),
+        environment={**smoke_environment(), **DRIVER_ENV},
         ports=(PortBinding(serve.port, "127.0.0.1"),),
         shm_size=serve.shm_size,
         mounts=tuple(Mount(host, inside, read_only=True) for host, inside in mounts.items()),
@@ -656,6 +664,21 @@ def _judge_kernel_cache(report: SmokeReport, watch: KernelCacheWatch | None) -> 
         report.kernel_cache = watch.failed_result(exc).to_json()
 
 
+def _driver_cache(container: Container) -> dict[str, Any] | None:
+    """Files and bytes the CUDA driver wrote into CUDA_CACHE_PATH (its PTX JIT): None where the
+    container is gone or has no shell."""
+    script = f"find {DRIVER_CACHE} -type f 2>/dev/null | wc -l; du -sb {DRIVER_CACHE} 2>/dev/null"
+    try:
+        code, out = container.exec(["sh", "-c", script])
+    except EngineError:
+        return None
+    words = out.split()
+    if code != 0 or not words or not words[0].isdigit():
+        return {"path": DRIVER_CACHE, "files": 0, "bytes": 0}
+    size = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+    return {"path": DRIVER_CACHE, "files": int(words[0]), "bytes": size}
+
+
 def _file_tail(path: Path | None) -> list[str]:
     if path is None or not path.is_file():
         return []
@@ -698,6 +721,12 @@ def format_table(report: SmokeReport) -> str:
         f" | batched {_num(report.batched_tok_s, 'tok/s')} at {report.concurrency} concurrent"
     )
     lines += _compile_lines(report)
+    if report.driver_cache is not None:
+        cache = report.driver_cache
+        lines.append(
+            f"  CUDA driver JIT (PTX compiled at load, no log line): {cache['files']} file(s), "
+            f"{cache['bytes']} bytes written under CUDA_CACHE_PATH"
+        )
     lines += summary_lines(report.kernel_cache)
     lines.append(f"  report {report.report_path}; server log {report.server_log}")
     return "\n".join(lines)

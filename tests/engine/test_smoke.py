@@ -29,7 +29,9 @@ from builder.verify.smoke import (
     CHECK_REQUEST,
     CHECK_START,
     CHECK_UP,
+    DRIVER_CACHE,
     SmokeReport,
+    format_table,
     gpu_available,
     gpu_gate,
     run_smoke,
@@ -95,6 +97,9 @@ def test_passes_on_the_trained_model(
     assert report.ttft_s and report.single_stream_tok_s and report.batched_tok_s
     saved = json.loads((tmp_path / "smoke.json").read_text())
     assert saved["passed"] is True and saved["ttft_s"] == report.ttft_s
+    # The CUDA driver's JIT cache was read in the container (a CPU server writes nothing).
+    assert saved["driver_cache"] == {"path": DRIVER_CACHE, "files": 0, "bytes": 0}
+    assert "CUDA driver JIT" in format_table(report)
     assert "Uvicorn running" in server_log_path(tmp_path / "smoke.json").read_text()
     assert not api.containers.list(all=True, filters={"label": "sm120-stacks.smoke"})
 
