@@ -11,11 +11,13 @@
 # What travels, and why (bench/RESULTS.md §10 has the measured sizes):
 # - site.tar.xz: the packages of the stack's lock, as cp312 wheels installed with --target,
 #   less what the GPU machine's own image holds at a version torch 2.14 accepts (its CUDA
-#   libraries: cuBLAS, cuDNN 9.19, NCCL 2.28, cuSPARSELt, ...: the lock's nvidia-* wheels
-#   stay here and the machine's are used; torchaudio 2.11.0, the lock's version) and what the
+#   libraries: cuBLAS, cuDNN 9.19, cuSPARSELt, ...: the lock's nvidia-* wheels stay here and
+#   the machine's are used; torchaudio 2.11.0, the lock's version) and what the
 #   serve path of a dense bf16 model on sm90 imports only behind a guard that tolerates its
 #   absence (read in the image: nvidia-cutlass-dsl, humming-kernels, quack-kernels, tilelang,
 #   tokenspeed-*, z3-solver, torchcodec, opencv, cudnn-frontend, nccl4py, nccl-extensions).
+#   NCCL travels: the machine's 2.28.9 lacks ncclCommResume, which libtorch_cuda.so 2.14 binds
+#   at load (RESULTS §10); cuDNN 9.19 loads (torch refuses only its use: 9.24 compiled in).
 #   Every CUDA library keeps only sm_90 machine code (bench/fatbin_strip.py zero-fills the
 #   rest in place; xz then takes the zeros to nothing). FA2's library (sm_80 machine code and
 #   PTX only, what the driver JIT-compiles on sm_90) keeps the PTX of its head-dim-64 bf16
@@ -46,7 +48,7 @@ if [[ ! -s "$work/site.tar.xz" ]]; then
   .venv/bin/python - "$snap/stacks/$stack.lock" "$work/reqs.txt" <<'PY'
 import re, sys, yaml
 lock = yaml.safe_load(open(sys.argv[1]))["python"]
-skip = re.compile(r"^(nvidia-.*|cuda-toolkit|tokenspeed-.*|tilelang|z3-solver|quack-kernels|"
+skip = re.compile(r"^(nvidia-(?!nccl-cu13$).*|cuda-toolkit|tokenspeed-.*|tilelang|z3-solver|quack-kernels|"
                   r"humming-kernels|torchcodec|pynvvideocodec|opencv-python-headless|"
                   r"torchaudio|nccl4py|nccl-extensions)$")
 pins = {**lock["heavy"], **lock["packages"]}
