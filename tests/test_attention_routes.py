@@ -365,20 +365,46 @@ def test_a_missing_dtype_is_named(write_stack: Callable[..., Path], stacks_dir: 
     assert "bfloat16" in str(caught.value.hint)
 
 
-def test_a_033_stack_routed_to_flashinfer_is_refused(
+def test_a_033_stack_routed_to_flashinfer_derives_flashinfer_07s_modules(
     write_stack: Callable[..., Path], stacks_dir: Path
 ) -> None:
+    """vLLM 0.33 with an fp8 KV cache on sm120 serves FlashInfer attention: FlashInfer 0.7's
+    FA2 module, the 0.6 name + `_kv_stride_equal` (proved on an H200, bench/RESULTS.md §10)."""
     _child(
         write_stack,
         "new-fp8",
         "vllm-0.33-marlin",
         serve={"kv_cache_dtype": "fp8_e4m3", "dtype": "bfloat16", "model": {"head_dim": 128}},
     )
+    path = resolve("new-fp8", stacks_dir).serve_path
+    assert path is not None and path.attention_backend == "FLASHINFER"
+    (module,) = [m for m in path.modules if m.startswith("batch_prefill")]
+    assert module.endswith("_kv_stride_equal") and "head_dim_qk_128" in module
+    assert "dtype_kv_e4m3" in module
+
+
+def test_a_033_sm90_stack_with_fp8_kv_on_flashinfer_is_refused(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    _child(
+        write_stack,
+        "sm90-fp8",
+        "vllm-0.33-sm90",
+        serve={"kv_cache_dtype": "fp8_e4m3", "attention_backend": "FLASHINFER"},
+    )
     with pytest.raises(StackError) as caught:
-        resolve("new-fp8", stacks_dir)
-    assert caught.value.key == "serve.kv_cache_dtype"
-    assert caught.value.file == stacks_dir / "new-fp8.yaml"
-    assert "not derived" in caught.value.message
+        resolve("sm90-fp8", stacks_dir)
+    assert caught.value.key == "serve.attention_backend"
+    assert "quantizes q to fp8" in caught.value.message
+
+
+def test_the_033_bf16_flashinfer_route_on_sm90_is_what_the_h200_loaded(
+    write_stack: Callable[..., Path], stacks_dir: Path
+) -> None:
+    _child(write_stack, "sm90-fi", "vllm-0.33-sm90", serve={"attention_backend": "FLASHINFER"})
+    modules = resolve("sm90-fi", stacks_dir).jit_modules
+    assert modules[0] == "sampling"
+    assert {m.rsplit("_", 3)[-1] for m in modules[1:]} == {"equal", "sm90"}
 
 
 def test_a_flashinfer_the_family_was_not_read_for_is_refused(

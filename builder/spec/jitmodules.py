@@ -71,6 +71,9 @@ class ModuleFamily(Strict):
     #: FlashInfer's own function that names the module from the same arguments (module:function):
     #: the tests call it from the pinned wheel and compare its spelling with `name`.
     uri: str | None = None
+    #: What FlashInfer appends to that function's spelling for this family (0.7's FA2 module:
+    #: `_kv_stride_equal`, added by its generator, not by the naming function).
+    uri_suffix: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]*$")] = ""
 
     def model_post_init(self, context: Any) -> None:
         named = PLACEHOLDER.findall(self.name)

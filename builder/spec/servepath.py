@@ -54,9 +54,17 @@ class _Select(Strict):
 
 class _FlashInferModule(Strict):
     gpus: list[GpuName]
-    family: str
+    #: The module family built; None with not_derived (that case has no derivation).
+    family: str | None = None
     #: Only for these KV cache dtypes (after auto is resolved); all when unset.
     kv_cache_dtypes: list[KvCacheDtype] | None = None
+    #: Why the modules of this case are not derived: a stack that reaches it is refused, since
+    #: whatever it precompiled would not be what vLLM loads.
+    not_derived: str | None = None
+
+    def model_post_init(self, context: Any) -> None:
+        if (self.family is None) == (self.not_derived is None):
+            raise ValueError("an entry names a family, or says why it has none (not_derived)")
 
 
 class _Version(Strict):
@@ -117,7 +125,7 @@ def attention_routes() -> _RoutesFile:
     known = jit_modules_known()
     for index, version in enumerate(routes.versions):
         for entry, module in enumerate(version.flashinfer):
-            if module.family not in known.families:
+            if module.family is not None and module.family not in known.families:
                 raise StackError(
                     f"unknown module family {module.family!r}",
                     file=doc.path,
@@ -126,7 +134,7 @@ def attention_routes() -> _RoutesFile:
                     hint=f"families: {', '.join(sorted(known.families))} "
                     "(knowledge/flashinfer_modules.yaml)",
                 )
-    for family_name in {m.family for v in routes.versions for m in v.flashinfer}:
+    for family_name in {m.family for v in routes.versions for m in v.flashinfer if m.family}:
         missing = set(known.families[family_name].params) - set(routes.prefill_params)
         if missing:
             raise StackError(
@@ -251,7 +259,9 @@ def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath
                 "knowledge/attention_routes.yaml",
             )
         facts = _Facts(manifest, docs, routes, pin.version, backend_from, kv_cache_dtype)
-        modules += _flashinfer_modules(manifest, version, routes, facts, kv_cache_dtype, docs)
+        modules += _flashinfer_modules(
+            manifest, version, routes, facts, kv_cache_dtype, docs, _backend_key(manifest, option)
+        )
     return ServePath(
         vllm=pin.version,
         kv_cache_dtype=kv_cache_dtype,
@@ -407,6 +417,7 @@ def _flashinfer_modules(
     facts: _Facts,
     kv_cache_dtype: KvCacheDtype,
     docs: list[YamlDocument],
+    backend_key: tuple[str | int, ...],
 ) -> list[str]:
     """The attention modules the version's FLASHINFER backend builds for this stack: one per
     route entry that matches its GPUs and KV cache dtype (and one per value of a fact with
@@ -421,6 +432,14 @@ def _flashinfer_modules(
             continue
         if entry.kv_cache_dtypes is not None and kv_cache_dtype not in entry.kv_cache_dtypes:
             continue
+        if entry.not_derived is not None or entry.family is None:
+            raise error_at(
+                docs,
+                backend_key,
+                f"{facts.why}; {entry.not_derived}",
+                "serve with a setting that keeps vLLM's FLASH_ATTN backend, or read that case "
+                "and give its entry in knowledge/attention_routes.yaml a family",
+            )
         family = known.families[entry.family]
         if (
             flashinfer is not None
