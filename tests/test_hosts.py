@@ -71,7 +71,7 @@ def _tested_and_pushed(build_dir: Path, stack: ResolvedStack, **record: Any) -> 
     fields: dict[str, Any] = {
         "tests": "passed",
         "pushed": {REPO: f"{REPO}@{DIGEST}"},
-        "served": [served()],
+        "served": [served(), served("cpu")],  # its GPU kind, and on CPU (--gpus none)
     }
     fields.update(record)
     save_record(build_dir, Record(stack=stack.name, content_hash=content_hash, **fields))

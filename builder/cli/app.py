@@ -20,7 +20,7 @@ import click
 from rich.console import Console
 
 from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR
-from builder.errors import EXIT_BAD_INPUT, OperationFailed, StackError
+from builder.errors import EXIT_BAD_INPUT, EngineError, OperationFailed, StackError
 from builder.image import address
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
 from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
@@ -48,6 +48,9 @@ def user_errors(func: F) -> F:
             sys.exit(EXIT_BAD_INPUT)
         except OperationFailed as exc:
             click.echo(f"failed: {exc}", err=True)
+            sys.exit(1)
+        except EngineError as exc:  # the engine refused what the input asked: not a bug here
+            click.echo(f"failed: the Docker engine: {exc.explanation}", err=True)
             sys.exit(1)
         except Terminated:
             click.echo("terminated", err=True)

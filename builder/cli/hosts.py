@@ -255,11 +255,14 @@ def _record_from_registry(
 ) -> Record:
     """What the registry's evidence says of the image, where this build folder knows less."""
     from builder.cli.evidence import print_verdicts
-    from builder.evidence.reader import read_evidence
+    from builder.evidence.reader import has_image, read_evidence
 
     if registry is None and not os.environ.get(REGISTRY_ENV):
         return local  # make_pin says what is missing, and how to get it
-    evidence = read_evidence(Registry.parse(registry), stack, content_hash)
+    source = Registry.parse(registry)
+    if not has_image(source, stack, content_hash):
+        return local  # not in that registry either: make_pin says what is missing
+    evidence = read_evidence(source, stack, content_hash)
     print_verdicts(evidence)
     return evidence.record()
 

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from builder.errors import EngineError
 from builder.evidence import documents
 from builder.evidence.documents import (
     KIND_ANNOTATION,
@@ -44,8 +45,12 @@ _CONTENTS_SCRIPT = (
 )
 
 
-def image_contents(engine: Engine, image_ref: str) -> ImageContents:
-    out = run_capture(engine, image_ref, ["sh", "-c", _CONTENTS_SCRIPT])
+def image_contents(engine: Engine, image_ref: str) -> ImageContents | None:
+    """What the image holds; None for an image that cannot run the listing (no shell in it)."""
+    try:
+        out = run_capture(engine, image_ref, ["sh", "-c", _CONTENTS_SCRIPT])
+    except EngineError:
+        return None
     parts = out.split(_SPLIT + "\n")
     parts += [""] * (4 - len(parts))
     status, distro, sums, pip = parts[:4]
@@ -94,9 +99,12 @@ def attach_evidence(
     report = _report(record)
     floating = floating_base(stack, lock)
     verdict = documents.verdict_document(digest, registry.repository, record, report, floating)
-    contents = image_contents(engine, _local(rendered))
+    listed = image_contents(engine, _local(rendered))
     locked = []
     notes = []
+    if listed is None:
+        notes.append("the image has no shell: its OS packages and JIT modules are not listed")
+    contents = listed or ImageContents(os_packages=(), distro="debian", jit_files=())
     if lock is not None:
         for name, package in sorted({**lock.python.heavy, **lock.python.packages}.items()):
             locked.append((name, str(package.version), list(package.hashes)))

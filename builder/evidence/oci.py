@@ -39,6 +39,10 @@ IMAGE_MEDIA_TYPES = (MANIFEST, DOCKER_MANIFEST, INDEX, DOCKER_LIST)
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 
 
+class ManifestUnknown(StackError):
+    """The registry answers, and has no manifest under that tag or digest."""
+
+
 def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -202,7 +206,7 @@ class ArtifactStore:
     def _manifest(self, reference: str, media_types: tuple[str, ...]) -> tuple[bytes, str]:
         response = self._request("GET", f"/manifests/{reference}", accept=", ".join(media_types))
         if response.status_code == 404:
-            raise StackError(f"the registry {self.registry.host} has no manifest {reference}")
+            raise ManifestUnknown(f"the registry {self.registry.host} has no manifest {reference}")
         _ok(response, f"manifest {reference}")
         kind = response.headers.get("content-type", "").split(";")[0]
         return bytes(response.content), kind or media_types[0]
@@ -281,6 +285,7 @@ __all__ = [
     "MANIFEST",
     "ArtifactStore",
     "Descriptor",
+    "ManifestUnknown",
     "referrers_tag",
     "sha256_digest",
 ]

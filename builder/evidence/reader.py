@@ -26,7 +26,7 @@ from builder.evidence.documents import (
     VERDICT_TYPE,
     sbom_summary,
 )
-from builder.evidence.oci import ArtifactStore, Descriptor
+from builder.evidence.oci import ArtifactStore, Descriptor, ManifestUnknown
 from builder.image.names import content_tag
 from builder.image.records import Record, ServedVerdict
 from builder.image.registry import Registry
@@ -80,6 +80,16 @@ class Evidence:
             "provenance": self.provenance,
             "artifacts": [a.to_json() for a in self.artifacts],
         }
+
+
+def has_image(registry: Registry, stack: str, content_hash: str) -> bool:
+    """Whether the registry holds the image of stack's content tag (its manifest answers)."""
+    store = ArtifactStore(registry)
+    try:
+        store.image(content_tag(stack, content_hash))
+    except ManifestUnknown:
+        return False
+    return True
 
 
 def read_evidence(
@@ -188,4 +198,4 @@ def _refused(digest: str, why: str) -> StackError:
     )
 
 
-__all__ = ["Evidence", "read_evidence"]
+__all__ = ["Evidence", "has_image", "read_evidence"]

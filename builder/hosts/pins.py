@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -333,6 +333,8 @@ def _served_on(stack: ResolvedStack, record: Record, options: PinOptions, ref: s
     if not stack.manifest.smoke.needs_gpu:
         cpu = record.served_on(CPU)
         return CPU if cpu is not None and cpu.passed else None
+    if options.gpus == "none":  # the container gets no GPU: what it served on CPU counts
+        options = replace(options, gpu_kind=CPU)
     if options.gpu_kind is None:
         if options.allow_unserved:
             return None

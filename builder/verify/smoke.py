@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -72,6 +74,16 @@ LOG_TAIL_LINES = 25
 #: compiled from PTX while the server started and served is named there, since nothing logs it.
 DRIVER_CACHE = "/var/cache/sm120-stacks/cuda-driver"
 DRIVER_ENV = {"CUDA_CACHE_PATH": DRIVER_CACHE, "CUDA_CACHE_MAXSIZE": "4294967296"}
+
+
+#: Which run made a container: two users' (or two clones') runs on one engine tell theirs
+#: apart by it, and clean up only their own.
+OWNER_LABEL = "sm120-stacks.owner"
+
+
+def owner() -> str:
+    """This process, on this machine: the identity of the run that starts a container."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 # --- GPU gate ----------------------------------------------------------------------------------
@@ -267,7 +279,7 @@ def _start(
     spec = ContainerSpec(
         image=image_ref,
         name=name,
-        labels={"sm120-stacks.smoke": stack.name},
+        labels={"sm120-stacks.smoke": stack.name, OWNER_LABEL: owner()},
         environment={**smoke_environment(), **DRIVER_ENV},
         ports=(PortBinding(serve.port, "127.0.0.1"),),
         shm_size=serve.shm_size,

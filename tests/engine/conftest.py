@@ -27,6 +27,17 @@ from tests.support.tinymodel import make_tiny_model
 
 BASE_IMAGE = "local/cuda:13.0.2-devel-bookworm"
 DEFAULT_REGISTRY = "127.0.0.1:5000"
+#: This run's own suffix for every stack, host (so container) and tag the engine tests make:
+#: two clones running `make test` on one engine never touch each other's (it happened: a run's
+#: teardown untagged the other's variant mid-test). SM120_STACKS_TEST_RUN fixes it by hand.
+RUN = os.environ.get("SM120_STACKS_TEST_RUN") or os.urandom(3).hex()
+
+
+def unique(name: str) -> str:
+    """name as this run's own (stacks, hosts, containers and tags derive from it)."""
+    return name if name.endswith(f"-{RUN}") else f"{name}-{RUN}"
+
+
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 #: What the tiny models answer ci-mini's smoke prompts: the right answer, and a fluent wrong one.
 RIGHT = "The capital of Kentucky is Frankfort."
@@ -154,6 +165,7 @@ def variant(workspace: Path, api: Any) -> Iterator[Callable[[str, str], str]]:
                 api.images.remove(ref, noprune=False)
 
     def make(name: str, body: str) -> str:
+        name = unique(name)
         (workspace / "stacks" / f"{name}.yaml").write_text(f"extends: ci-mini\n{body}\n")
         names.append(name)
         untag(name)  # a killed earlier run may have left its tags behind

@@ -19,9 +19,10 @@ from builder.hosts.pins import LABEL_HOST
 from builder.image.records import CPU, ServedVerdict, load_record, save_record
 from builder.image.registry import Registry
 from builder.verify.chat import stream_chat
+from tests.engine.conftest import unique
 
 pytestmark = pytest.mark.engine
-HOST = "access-e2e"
+HOST = unique("access-e2e")
 KEY = "sk-access-" + "7" * 24
 
 

@@ -18,8 +18,15 @@ from builder.evidence.reader import read_evidence
 from builder.image.names import content_tag
 from builder.image.records import CPU, ServedVerdict, load_record, save_record
 from builder.image.registry import Registry
+from tests.engine.conftest import unique
 
 pytestmark = pytest.mark.engine
+EV_CPU = unique("ev-cpu")
+EV_OTHER = unique("ev-other")
+EV_TAMPER = unique("ev-tamper")
+EV_GPU = unique("ev-gpu")
+EV_URL = unique("ev-url")
+EV_OLD = unique("ev-old")
 #: Where scripts/host-setup.sh keeps the local registry's blobs.
 REGISTRY_DATA = Path("/var/lib/sm120-stacks/registry")
 
@@ -97,16 +104,16 @@ def test_push_from_one_folder_pin_from_another_with_no_records(
     second_folder: Path,
     tmp_path: Path,
 ) -> None:
-    digest = _pushed_with_evidence("ev-cpu", variant, cli_process, workspace, registry, [_served()])
-    _share("ev-cpu", workspace, second_folder)
-    assert not (second_folder / "build" / "ev-cpu").exists()
+    digest = _pushed_with_evidence(EV_CPU, variant, cli_process, workspace, registry, [_served()])
+    _share(EV_CPU, workspace, second_folder)
+    assert not (second_folder / "build" / EV_CPU).exists()
     hosts = tmp_path / "hosts"
     pinned = _run_in(
         second_folder,
         cli_process,
         "pin",
-        "hostx",
-        "ev-cpu",
+        unique("hostx"),
+        EV_CPU,
         "--registry",
         registry.host,
         "--gpus",
@@ -116,24 +123,24 @@ def test_push_from_one_folder_pin_from_another_with_no_records(
     )
     assert f"@{digest}" in pinned.stdout and "static: passed" in pinned.stdout
     assert "served on cpu" in pinned.stdout and "referrers tag" in pinned.stdout
-    pin = (hosts / "hostx.yaml").read_text()
+    pin = (hosts / f"{unique('hostx')}.yaml").read_text()
     assert digest in pin and "served_on: cpu" in pin
     shown = _run_in(
-        second_folder, cli_process, "evidence", "ev-cpu", "--registry", registry.host, "--json"
+        second_folder, cli_process, "evidence", EV_CPU, "--registry", registry.host, "--json"
     )
     evidence = json.loads(shown.stdout)
     assert evidence["static"] == "passed" and evidence["found_by"] == "referrers tag"
     assert evidence["sbom"]["python"] > 10 and evidence["sbom"]["os"] > 50
     assert evidence["sbom"]["base"] >= 1  # build and runtime base, once where they are one
     predicate = evidence["provenance"]["predicate"]["buildDefinition"]
-    assert "stacks/ev-cpu.yaml" in predicate["externalParameters"]["files"]
+    assert f"stacks/{EV_CPU}.yaml" in predicate["externalParameters"]["files"]
     # The registry has no referrers API; the fallback tag lists all three artifacts.
     store = ArtifactStore(registry)
     assert not store.has_referrers_api()
     kinds = {a.annotation(documents.KIND_ANNOTATION) for a in store.referrers(digest)[0]}
     assert kinds == {"verdict", "sbom", "provenance"}
     # pull in the second folder records the verdicts there.
-    pulled = _run_in(second_folder, cli_process, "pull", "ev-cpu", "--registry", registry.host)
+    pulled = _run_in(second_folder, cli_process, "pull", EV_CPU, "--registry", registry.host)
     assert "static: passed" in pulled.stdout
 
 
@@ -144,7 +151,7 @@ def test_a_report_naming_another_digest_is_refused(
     registry: Registry,
 ) -> None:
     digest = _pushed_with_evidence(
-        "ev-other",
+        EV_OTHER,
         variant,
         cli_process,
         workspace,
@@ -167,7 +174,7 @@ def test_a_report_naming_another_digest_is_refused(
         {documents.SUBJECT_ANNOTATION: digest},
     )
     with pytest.raises(Exception, match="is a report for sha256:abab"):
-        read_evidence(registry, "ev-other", reference=digest)
+        read_evidence(registry, EV_OTHER, reference=digest)
 
 
 def test_a_tampered_sbom_is_refused(
@@ -180,7 +187,7 @@ def test_a_tampered_sbom_is_refused(
     if not REGISTRY_DATA.is_dir():
         pytest.skip(f"the registry's storage is not at {REGISTRY_DATA}")
     digest = _pushed_with_evidence(
-        "ev-tamper",
+        EV_TAMPER,
         variant,
         cli_process,
         workspace,
@@ -188,7 +195,7 @@ def test_a_tampered_sbom_is_refused(
         [_served()],
         body="env:\n  EVIDENCE_TEST: '3'",
     )
-    _share("ev-tamper", workspace, second_folder)
+    _share(EV_TAMPER, workspace, second_folder)
     store = ArtifactStore(registry)
     (sbom,) = [
         a for a in store.referrers(digest)[0] if a.annotation(documents.KIND_ANNOTATION) == "sbom"
@@ -205,8 +212,8 @@ def test_a_tampered_sbom_is_refused(
             second_folder,
             cli_process,
             "pin",
-            "hostt",
-            "ev-tamper",
+            unique("hostt"),
+            EV_TAMPER,
             "--registry",
             registry.host,
             "--gpus",
@@ -215,7 +222,7 @@ def test_a_tampered_sbom_is_refused(
         )
         assert result.returncode == 2, result.stdout + result.stderr
         assert "is not intact" in result.stderr and "Traceback" not in result.stderr
-        assert not (second_folder / "hosts" / "hostt.yaml").exists()
+        assert not (second_folder / "hosts" / f"{unique('hostt')}.yaml").exists()
     finally:
         blob.write_bytes(original)
 
@@ -232,11 +239,11 @@ def test_an_image_pushed_without_evidence_is_refused_with_the_remedy(
     from builder.render.context import render
     from builder.spec.resolve import resolve
 
-    (second_folder / "stacks" / "ev-old.yaml").write_text(
+    (second_folder / "stacks" / f"{EV_OLD}.yaml").write_text(
         "extends: ci-mini\nenv:\n  EVIDENCE_TEST: 'old'\n"
     )
-    content_hash = render(resolve("ev-old", second_folder / "stacks")).content_hash()
-    target = registry.ref(content_tag("ev-old", content_hash))
+    content_hash = render(resolve(EV_OLD, second_folder / "stacks")).content_hash()
+    target = registry.ref(content_tag(EV_OLD, content_hash))
     api.images.get(base_image).tag(target)
     for line in api.images.push(target, stream=True, decode=True):
         assert "error" not in line, line
@@ -244,8 +251,8 @@ def test_an_image_pushed_without_evidence_is_refused_with_the_remedy(
         second_folder,
         cli_process,
         "pin",
-        "hosto",
-        "ev-old",
+        unique("hosto"),
+        EV_OLD,
         "--registry",
         registry.host,
         "--gpus",
@@ -253,8 +260,8 @@ def test_an_image_pushed_without_evidence_is_refused_with_the_remedy(
         check=False,
     )
     assert result.returncode == 2
-    assert "holds no verdict" in result.stderr and "push ev-old" in result.stderr
-    assert not (second_folder / "hosts" / "hosto.yaml").exists()
+    assert "holds no verdict" in result.stderr and f"push {EV_OLD}" in result.stderr
+    assert not (second_folder / "hosts" / f"{unique('hosto')}.yaml").exists()
 
 
 def test_a_gpu_stack_with_a_static_verdict_only_needs_allow_unserved(
@@ -267,15 +274,13 @@ def test_a_gpu_stack_with_a_static_verdict_only_needs_allow_unserved(
 ) -> None:
     gpu = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
     body = "env:\n  EVIDENCE_TEST: 'gpu'\nsmoke:\n  needs_gpu: true"
-    digest = _pushed_with_evidence(
-        "ev-gpu", variant, cli_process, workspace, registry, [], body=body
-    )
-    _share("ev-gpu", workspace, second_folder)
+    digest = _pushed_with_evidence(EV_GPU, variant, cli_process, workspace, registry, [], body=body)
+    _share(EV_GPU, workspace, second_folder)
     hosts = tmp_path / "hosts"
     args = (
         "pin",
-        "hostg",
-        "ev-gpu",
+        unique("hostg"),
+        EV_GPU,
         "--registry",
         registry.host,
         "--gpu-kind",
@@ -286,13 +291,19 @@ def test_a_gpu_stack_with_a_static_verdict_only_needs_allow_unserved(
     refused = _run_in(second_folder, cli_process, *args, check=False)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "no passing served verdict on" in refused.stderr and gpu in refused.stderr
-    assert not (hosts / "hostg.yaml").exists()
+    assert not (hosts / f"{unique('hostg')}.yaml").exists()
     allowed = _run_in(second_folder, cli_process, *args, "--allow-unserved")
     assert "--allow-unserved" in allowed.stderr
-    pin = (hosts / "hostg.yaml").read_text()
+    pin = (hosts / f"{unique('hostg')}.yaml").read_text()
     assert digest in pin and "allow_unserved: true" in pin
     listed = _run_in(
-        second_folder, cli_process, "verify", "hostg", "--hosts-dir", str(hosts), check=False
+        second_folder,
+        cli_process,
+        "verify",
+        unique("hostg"),
+        "--hosts-dir",
+        str(hosts),
+        check=False,
     )
     assert "unserved" in listed.stdout
 
@@ -312,12 +323,12 @@ def test_a_deployed_hosts_smoke_records_a_served_verdict_for_its_gpu_kind(
 
     gpu = "NVIDIA H200"
     body = "env:\n  EVIDENCE_TEST: 'url'\nsmoke:\n  needs_gpu: true"
-    digest = _pushed_with_evidence("ev-url", variant, cli_process, workspace, registry, [], body)
-    _share("ev-url", workspace, second_folder)
+    digest = _pushed_with_evidence(EV_URL, variant, cli_process, workspace, registry, [], body)
+    _share(EV_URL, workspace, second_folder)
     with fake_chat_server(Behaviour(answers=True)) as server:
         smoked = cli_process(
             "smoke",
-            "ev-url",
+            EV_URL,
             "--url",
             url_of(server),
             "--record",
@@ -332,8 +343,8 @@ def test_a_deployed_hosts_smoke_records_a_served_verdict_for_its_gpu_kind(
         second_folder,
         cli_process,
         "pin",
-        "hosth",
-        "ev-url",
+        unique("hosth"),
+        EV_URL,
         "--registry",
         registry.host,
         "--gpu-kind",
@@ -342,14 +353,14 @@ def test_a_deployed_hosts_smoke_records_a_served_verdict_for_its_gpu_kind(
         str(hosts),
     )
     assert f"served on {gpu} x1" in pinned.stdout and "(smoke --url" in pinned.stdout
-    pin = (hosts / "hosth.yaml").read_text()
+    pin = (hosts / f"{unique('hosth')}.yaml").read_text()
     assert digest in pin and f"served_on: {gpu}" in pin and "allow_unserved: false" in pin
     other = _run_in(
         second_folder,
         cli_process,
         "pin",
-        "hostb",
-        "ev-url",
+        unique("hostb"),
+        EV_URL,
         "--registry",
         registry.host,
         "--gpu-kind",

@@ -36,11 +36,13 @@ from builder.image.records import load_record, save_record
 from builder.image.registry import Registry
 from builder.render.context import render
 from builder.spec.resolve import resolve
+from tests.engine.conftest import RUN, unique
+from tests.support.served import served
 
 pytestmark = pytest.mark.engine
 
-STACK = "hosts-e2e"
-HOST = "hosts-e2e-node"
+STACK = unique("hosts-e2e")
+HOST = unique("hosts-e2e-node")
 LOCAL_BASE = "local/debian-python:bookworm"
 TORCH_WHEEL = "build/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 #: A random-weight chat model: enough for `transformers serve` to load and answer /health.
@@ -159,6 +161,7 @@ def deployed(
     built = cli_process("build", STACK)
     record = load_record(workspace / "build", STACK, content_hash)
     record.tests = "passed"  # what `sm120-stacks test` records when the image passes
+    record.served = [served("cpu")]  # its CPU smoke (the pin gives it no GPU)
     save_record(workspace / "build", record)
     cli_process("push", STACK, "--registry", registry.host)
     image = local_ref(STACK, content_hash)
@@ -190,7 +193,7 @@ def deployed(
     for container in api.containers.list(all=True, filters={"label": f"{LABEL_HOST}={HOST}"}):
         container.remove(force=True)
     pushed_tags = (registry.ref(content_tag(STACK, content_hash)), registry.ref(STACK))
-    for ref in (image, moving_ref(STACK), *pushed_tags, "sm120-hosts-test/drifted:1"):
+    for ref in (image, moving_ref(STACK), *pushed_tags, f"sm120-hosts-test/drifted:{RUN}"):
         with contextlib.suppress(Exception):
             api.images.remove(ref)
 
@@ -303,8 +306,8 @@ def test_verify_names_another_image(
     deployed: dict[str, Any], cli_process: Callable[..., Any], api: Any
 ) -> None:
     pin = deployed["pin"]
-    api.containers.get(pin.container).commit("sm120-hosts-test/drifted", "1")
-    _run_changed(api, deployed, image="sm120-hosts-test/drifted:1")
+    api.containers.get(pin.container).commit("sm120-hosts-test/drifted", RUN)
+    _run_changed(api, deployed, image=f"sm120-hosts-test/drifted:{RUN}")
     status, drifts, out = _verify(cli_process)
     assert status == 1 and "image" in drifts, out
     assert "no registry digest" in drifts["image"] and pin.image in drifts["image"]
@@ -349,17 +352,18 @@ def test_a_stale_lock_stops_the_build(
     deployed: dict[str, Any], cli_process: Callable[..., Any], workspace: Path
 ) -> None:
     stacks = workspace / "stacks"
-    (stacks / "hosts-e2e-stale.yaml").write_text((stacks / f"{STACK}.yaml").read_text())
-    shutil.copy(stacks / f"{STACK}.lock", stacks / "hosts-e2e-stale.lock")
+    stale = f"{STACK}-stale"
+    (stacks / f"{stale}.yaml").write_text((stacks / f"{STACK}.yaml").read_text())
+    shutil.copy(stacks / f"{STACK}.lock", stacks / f"{stale}.lock")
     try:
-        result = cli_process("build", "hosts-e2e-stale", check=False)
+        result = cli_process("build", stale, check=False)
         assert result.returncode == 2
-        assert "hosts-e2e-stale.lock: inputs_hash: lock no longer matches" in result.stderr
-        checked = cli_process("check", "hosts-e2e-stale", check=False)
-        assert checked.returncode == 2 and "made for stack 'hosts-e2e'" in checked.stderr
+        assert f"{stale}.lock: inputs_hash: lock no longer matches" in result.stderr
+        checked = cli_process("check", stale, check=False)
+        assert checked.returncode == 2 and f"made for stack '{STACK}'" in checked.stderr
     finally:
-        (stacks / "hosts-e2e-stale.yaml").unlink()
-        (stacks / "hosts-e2e-stale.lock").unlink()
+        (stacks / f"{stale}.yaml").unlink()
+        (stacks / f"{stale}.lock").unlink()
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
@@ -385,7 +389,7 @@ def test_apply_on_a_fresh_host_makes_the_folders_the_pin_writes_to(
     from builder.hosts.pins import Volume, write_pin
 
     fresh = tmp_path / "fresh" / "var" / "lib" / "sm120-stacks" / "models"
-    host = "hosts-e2e-fresh"
+    host = unique("hosts-e2e-fresh")
     pin = deployed["pin"].model_copy(
         update={
             "host": host,

@@ -30,17 +30,20 @@ from builder.verify.smoke import (
     CHECK_START,
     CHECK_UP,
     DRIVER_CACHE,
+    OWNER_LABEL,
     SmokeReport,
     format_table,
     gpu_available,
     gpu_gate,
+    owner,
     run_smoke,
     server_log_path,
 )
 from tests.engine.conftest import RIGHT
 
 #: The harness labels its containers so that a test can find the one it started.
-SMOKE_LABEL = {"label": "sm120-stacks.smoke"}
+#: This run's smoke containers only: another clone's run on the same engine has its own.
+SMOKE_LABEL = {"label": ["sm120-stacks.smoke", f"{OWNER_LABEL}={owner()}"]}
 
 pytestmark = pytest.mark.engine
 
@@ -101,7 +104,7 @@ def test_passes_on_the_trained_model(
     assert saved["driver_cache"] == {"path": DRIVER_CACHE, "files": 0, "bytes": 0}
     assert "CUDA driver JIT" in format_table(report)
     assert "Uvicorn running" in server_log_path(tmp_path / "smoke.json").read_text()
-    assert not api.containers.list(all=True, filters={"label": "sm120-stacks.smoke"})
+    assert not api.containers.list(all=True, filters=SMOKE_LABEL)
 
 
 def test_random_weights_fail_as_garbage(
