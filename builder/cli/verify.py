@@ -26,6 +26,7 @@ from builder.spec.checkpoint import check_checkpoint
 from builder.spec.resolve import ResolvedStack
 from builder.verify.kernel_cache import container_watch, directory_watch, summary_lines
 from builder.verify.report import CacheRow, TestReport
+from builder.verify.smoke_report import format_table
 from builder.verify.validate import SmokeRunner, validate
 
 
@@ -206,7 +207,7 @@ def _smoke_runner(
                 log=lambda x: click.echo(x, err=True),
             ),
         )
-        table = smoke.format_table(result)
+        table = format_table(result)
         if as_json:
             click.echo(table, err=True)
         else:

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from builder import REPO_ROOT
+from builder.image.names import source_revision
 from builder.image.records import Record
 
 VERDICT_TYPE = "application/vnd.sm120-stacks.verdict.v1+json"
@@ -129,26 +128,16 @@ def sbom(inputs: SbomInputs) -> bytes:
     )
     bom.metadata.component = root
     components = []
-    for name, version, hashes in inputs.locked:
-        purl = PackageURL(type="pypi", name=name, version=version)
+    python = [(n, v, [h.removeprefix("sha256:") for h in hs]) for n, v, hs in inputs.locked]
+    python += [(n, v, []) for n, v in inputs.contents.pip_packages]
+    for name, version, hexes in python:
         components.append(
             Component(
                 name=name,
                 version=version,
                 type=ComponentType.LIBRARY,
-                purl=purl,
-                hashes=sha256([h.removeprefix("sha256:") for h in hashes]),
-                bom_ref=f"pypi/{name}@{version}",
-            )
-        )
-    for name, version in inputs.contents.pip_packages:
-        purl = PackageURL(type="pypi", name=name, version=version)
-        components.append(
-            Component(
-                name=name,
-                version=version,
-                type=ComponentType.LIBRARY,
-                purl=purl,
+                purl=PackageURL(type="pypi", name=name, version=version),
+                hashes=sha256(hexes),
                 bom_ref=f"pypi/{name}@{version}",
             )
         )
@@ -210,18 +199,10 @@ def sbom_summary(document: dict[str, Any]) -> dict[str, int]:
 
 
 def git_commit() -> str | None:
-    """The project's commit the tool runs from; None outside a git checkout."""
-    try:
-        result = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = result.stdout.strip()
-    return commit if result.returncode == 0 and len(commit) == 40 else None
+    """The project's commit the tool runs from (as the image labels name it); None outside a
+    git checkout."""
+    commit = source_revision()
+    return commit if len(commit) == 40 else None
 
 
 @dataclass

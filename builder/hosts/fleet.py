@@ -26,7 +26,8 @@ from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
 from builder.image.engine import Container, Engine
 from builder.spec.resolve import ResolvedStack
-from builder.verify.smoke import Check, run_smoke_url
+from builder.verify.smoke import run_smoke_url
+from builder.verify.smoke_report import Check
 
 #: What a host came to: deployed and passed its gate; failed (and what happened after).
 OK = "ok"

@@ -56,7 +56,6 @@ from builder.verify.smoke_report import (
     CHECK_START,
     CHECK_TTFT,
     CHECK_UP,
-    Check,
     SmokeReport,
     format_table,
 )
@@ -662,21 +661,8 @@ def _write_report(report: SmokeReport, report_path: Path) -> None:
 
 
 __all__ = [
-    "CHECK_ANSWER",
-    "CHECK_BATCHED",
-    "CHECK_GARBAGE",
-    "CHECK_JIT",
-    "CHECK_READY",
-    "CHECK_REQUEST",
-    "CHECK_SINGLE",
-    "CHECK_START",
-    "CHECK_TTFT",
-    "CHECK_UP",
     "AfterSmoke",
-    "Check",
     "LiveServer",
-    "SmokeReport",
-    "format_table",
     "gpu_available",
     "gpu_gate",
     "gpu_missing_reason",
