@@ -470,7 +470,7 @@ def test_the_committed_schema_says_where_it_came_from() -> None:
 
 
 def test_a_failed_smoke_names_each_failed_check_once() -> None:
-    from builder.verify.smoke import Check
+    from builder.verify.smoke_report import Check
 
     checks = [Check("correct answer", False, f"[{p}] -> 'Louisville'") for p in ("cold", "warm")]
     said = fleet._failures([*checks, Check("server stays up", False, "died")])
