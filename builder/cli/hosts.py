@@ -175,6 +175,12 @@ def lock(settings: Settings, stack: str, versions_from: Path | None, refresh_bas
     "`Authorization: Bearer KEY`.",
 )
 @click.option(
+    "--user",
+    metavar="UID[:GID]",
+    help="Run the server as this user, not the image's (root): the models are read-only and "
+    "the caches must be writable by it (a bind folder it owns).",
+)
+@click.option(
     "--no-auth",
     is_flag=True,
     help="Publish the serve port beyond loopback with no API key (recorded; verify reports it).",
@@ -201,6 +207,7 @@ def pin(
     host_engine: str | None,
     gpu_kind: str | None,
     api_key_file: str | None,
+    user: str | None,
     no_auth: bool,
     allow_unserved: bool,
     hosts_dir: Path | None,
@@ -235,6 +242,7 @@ def pin(
         allow_unserved=allow_unserved,
         api_key_file=api_key_file,
         no_auth=no_auth,
+        user=user,
     )
     made = make_pin(host, resolved, content_hash, record, repository, options)
     path = write_pin(_hosts_dir(settings, hosts_dir), made)

@@ -90,6 +90,7 @@ def describe(pin: Pin) -> ContainerSpec:
         mounts=tuple(Mount(v.source, v.target, v.read_only) for v in volumes(pin)),
         gpus=gpus,
         restart=pin.restart,
+        user=pin.user,
         healthcheck=HealthCheck(
             test=tuple(health_test(pin)),
             interval_s=pin.health.interval_s,

@@ -126,6 +126,8 @@ def docker_run_args(pin: Pin) -> list[str]:
     elif spec.gpus:
         args += ["--gpus", '"device=' + ",".join(map(str, spec.gpus)) + '"']
     args += ["--shm-size", pin.shm_size]
+    if spec.user is not None:
+        args += ["--user", spec.user]
     for port in spec.ports:
         args += ["--publish", _port_text(port)]
     for m in spec.mounts:

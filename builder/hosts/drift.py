@@ -75,6 +75,7 @@ def expected_config(pin: Pin, image_config: dict[str, Any]) -> dict[str, Any]:
         ),
         "ports": ports,
         "shm_size": shm_bytes(pin.shm_size),
+        "user": pin.user or str(image_config.get("User") or ""),
     }
 
 
@@ -101,6 +102,7 @@ def actual_config(attrs: dict[str, Any]) -> dict[str, Any]:
         "mounts": sorted(mounts),
         "ports": ports,
         "shm_size": int(host.get("ShmSize") or 0),
+        "user": str(config.get("User") or ""),
     }
 
 

@@ -114,6 +114,7 @@ def manifests(pin: Pin, gpu_product: str | None = None) -> list[dict[str, Any]]:
         "args": run_command(pin),
         "env": [{"name": key, "value": value} for key, value in pin.env.items()],
         "ports": [{"name": PORT_NAME, "containerPort": pin.serve_port, "protocol": "TCP"}],
+        **_security(pin),
         "startupProbe": startup,
         "readinessProbe": probe,
         "livenessProbe": probe,
@@ -239,6 +240,18 @@ def _volumes(pin: Pin) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         secret = {"secretName": secret_name(pin), "defaultMode": 0o400}
         volumes.append({"name": "api-key", "secret": secret})
     return mounts, volumes
+
+
+def _security(pin: Pin) -> dict[str, Any]:
+    """The pin's user, as the pod's container runs it; never privileged."""
+    context: dict[str, Any] = {"privileged": False, "allowPrivilegeEscalation": False}
+    if pin.user is not None:
+        uid, _, gid = pin.user.partition(":")
+        context["runAsUser"] = int(uid)
+        context["runAsNonRoot"] = int(uid) != 0
+        if gid:
+            context["runAsGroup"] = int(gid)
+    return {"securityContext": context}
 
 
 def _quantity(size: str) -> str:

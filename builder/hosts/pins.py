@@ -143,6 +143,9 @@ class Pin(Strict):
     api_key_file: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]+$")] | None = None
     #: Published beyond loopback without a key, as asked (--no-auth): `verify` shows it.
     no_auth: bool = False
+    #: UID[:GID] the server runs as (--user); None: the image's own (root: the images' caches
+    #: and the named cache volume are root's).
+    user: Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}(:[0-9]{1,10})?$")] | None = None
     health: Health
     needs: HostNeeds
     #: The host's Docker engine (builder.image.address): ssh://USER@HOST for a remote host,
@@ -181,6 +184,8 @@ class PinOptions:
     api_key_file: str | None = None
     #: Publish beyond loopback without a key (recorded in the pin).
     no_auth: bool = False
+    #: UID[:GID] the server runs as.
+    user: str | None = None
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -410,6 +415,7 @@ def make_pin(
         allow_unserved=served_on is None and m.smoke.needs_gpu,
         api_key_file=_key_file(options.api_key_file),
         no_auth=options.no_auth,
+        user=options.user,
         needs=HostNeeds(
             cuda=m.cuda,
             min_driver=needs.min_driver,

@@ -165,6 +165,7 @@ def run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "shm_size": spec.shm_size,
         "network_mode": spec.network_mode,
         "restart_policy": {"Name": spec.restart} if spec.restart else None,
+        "user": spec.user,
     }
     kwargs |= {key: value for key, value in optional.items() if value is not None}
     if spec.ports:

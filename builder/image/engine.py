@@ -155,6 +155,8 @@ class ContainerSpec:
     restart: str | None = None
     healthcheck: HealthCheck | None = None
     network_mode: str | None = None
+    #: UID[:GID] the process runs as; None: the image's user.
+    user: str | None = None
 
 
 @dataclass(frozen=True)

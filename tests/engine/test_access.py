@@ -1,7 +1,8 @@
 """A deployed server lets in only the key: ci-mini (`transformers serve`, no key option of its
 own) pinned beyond loopback with a key file, deployed on the real engine behind the in-image
-key gate; a request without the key gets 401, one with it an answer; the key is in no rendered
-file, log or `docker inspect`; the models folder is read-only inside the container."""
+key gate, running as a non-root user; a request without the key gets 401, one with it an
+answer; the key is in no rendered file, log or `docker inspect`; the models folder is
+read-only inside the container."""
 
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def test_a_keyed_pin_answers_only_the_key_and_reads_models_read_only(
         *("pin", HOST, name, "--gpus", "none", "--registry", registry.host),
         *("--port", f"0.0.0.0:{port}:8000", "--api-key-file", str(key_file)),
         *("--volume", f"{models['trained']}:/models/tiny:ro", "--hosts-dir", str(hosts)),
+        *("--user", "65534:65534", "--env", "HOME=/tmp"),  # nobody: not the image's root
     )
     out = tmp_path / "out"
     try:
@@ -98,6 +100,9 @@ def test_a_keyed_pin_answers_only_the_key_and_reads_models_read_only(
         assert answered.error is None, answered.error
         assert "frankfort" in answered.text.lower()
         (container,) = api.containers.list(filters={"label": f"{LABEL_HOST}={HOST}"})
+        assert container.attrs["Config"]["User"] == "65534:65534"
+        assert not container.attrs["HostConfig"]["Privileged"]
+        assert container.exec_run(["id", "-u"]).output.strip() == b"65534"
         written = container.exec_run(["sh", "-c", "touch /models/tiny/written"])
         assert written.exit_code != 0 and b"Read-only" in written.output
         assert KEY not in json.dumps(container.attrs)
