@@ -36,3 +36,14 @@ def test_only_the_engine_adapter_imports_docker() -> None:
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     assert DEVICE_LOOKUP.search('Path("/dev/nvidia0").exists()')
     assert DOCKER_IMPORT.search("def f():\n    import docker\n")
+
+
+def test_the_docker_contract_covers_every_module_but_the_adapter() -> None:
+    """.importlinter forbids `docker` to each step and each module of image/ but the adapter:
+    a new module of image/ must be listed there too, or it could import the SDK unseen."""
+    contract = (REPO_ROOT / ".importlinter").read_text().split("[importlinter:contract:docker]")[1]
+    listed = set(re.findall(r"^\s+(builder\.[a-z_.]+)$", contract, re.M))
+    image = {f"builder.image.{p.stem}" for p in (PACKAGE / "image").glob("*.py")}
+    expected = image - {"builder.image.docker_engine", "builder.image.__init__"}
+    assert expected <= listed, expected - listed
+    assert "builder.image.docker_engine" not in listed
