@@ -29,19 +29,21 @@ from builder.errors import StackError
 from builder.image.engine import Container, ContainerSpec
 from builder.spec.knowledge import KNOWLEDGE_DIR
 from builder.spec.resolve import ResolvedStack, resolve
+from builder.spec.runtime_caches import (
+    KNOWLEDGE_FILE,
+    cache_layouts,
+    group_patterns,
+    layouts_of,
+)
 from builder.spec.yamlsafe import load_yaml
 from builder.verify import report as reports
 from builder.verify.compiles import find_compiles
 from builder.verify.kernel_cache import (
-    KNOWLEDGE_FILE,
     DirectoryWatch,
     Listing,
-    cache_layouts,
     classify,
     container_watch,
     directory_watch,
-    group_patterns,
-    layouts_of,
     list_directory,
     listing_command,
     parse_kernel_name,

@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from builder.spec.runtime_caches import (
+    cache_layouts,
+)
 from builder.verify.compiles import compile_kinds, find_compiles, find_events
-from builder.verify.kernel_cache import cache_layouts, classify, directory_watch, list_directory
+from builder.verify.kernel_cache import (
+    classify,
+    directory_watch,
+    list_directory,
+)
 from builder.verify.smoke import CHECK_JIT, SmokeReport, format_table, judge_compiles
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runtime-compiles"
