@@ -25,8 +25,6 @@ soak fails `test`.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import math
 import random
@@ -41,7 +39,7 @@ import requests
 
 from builder.files import write_atomic
 from builder.spec.resolve import ResolvedStack
-from builder.verify import plot
+from builder.verify import soak_files
 from builder.verify.chat import stream_chat
 from builder.verify.smoke import (
     THROUGHPUT_MAX_TOKENS,
@@ -426,13 +424,26 @@ def run_soak(
     summary["passed"] = passed
     summary["checks"] = [{"name": n, "passed": ok, "detail": d} for n, ok, d in checks]
     rows = _rows(soak)
-    write_atomic(paths["csv"], _csv(rows))
-    write_atomic(paths["png"], _png(stack.name, soak, rows, passed))
+    write_atomic(paths["csv"], soak_files.csv_text(rows))
+    chart = soak_files.Chart(
+        stack=stack.name,
+        streams=settings.concurrency,
+        ran_s=soak.ran_s,
+        stopped=soak.stopped,
+        passed=passed,
+        memory=list(soak.memory_samples),
+        memory_bound_mb=(
+            soak.baseline_mb + settings.max_memory_growth_mb
+            if settings.max_memory_growth_mb is not None and soak.baseline_mb is not None
+            else None
+        ),
+    )
+    write_atomic(paths["png"], soak_files.png(chart, rows))
     write_atomic(paths["json"], json.dumps(summary, indent=2, sort_keys=True) + "\n")
     for name, ok, detail in checks:
         server.report.add(name, ok, detail)
     server.report.soak = summary
-    log(_line(summary))
+    log(soak_files.summary_line(summary))
     return SoakResult(settings, passed, summary, checks)
 
 
@@ -572,16 +583,6 @@ def _r(value: float | None, digits: int = 4) -> float | None:
 
 # --- files -------------------------------------------------------------------------------------
 
-CSV_COLUMNS = (
-    "t_s",
-    "tokens_per_s",
-    "open_streams",
-    "completed",
-    "errors",
-    "ttft_p50_s",
-    "memory_mb",
-)
-
 
 def _rows(soak: _Soak) -> list[dict[str, Any]]:
     last = int(soak.ran_s // soak.width) if soak.ran_s else 0
@@ -604,64 +605,6 @@ def _rows(soak: _Soak) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def _csv(rows: list[dict[str, Any]]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if v is None else v for k, v in row.items()})
-    return out.getvalue()
-
-
-def _png(stack: str, soak: _Soak, rows: list[dict[str, Any]], passed: bool) -> bytes:
-    def points(key: str) -> list[tuple[float, float | None]]:
-        return [(row["t_s"], row[key]) for row in rows]
-
-    limit = soak.settings.max_memory_growth_mb
-    baseline = soak.baseline_mb
-    panels = [
-        plot.Panel("tokens/s", "all streams", [plot.Series("tokens/s", points("tokens_per_s"))]),
-        plot.Panel(
-            "time to first token",
-            "s",
-            [plot.Series("p50 of requests started", points("ttft_p50_s"), plot.ORANGE)],
-        ),
-        plot.Panel(
-            "server memory",
-            "MB",
-            [plot.Series("memory", [(t, mb) for t, mb in soak.memory_samples], plot.GREEN)],
-            limit=baseline + limit if limit is not None and baseline is not None else None,
-            limit_label="bound",
-        ),
-    ]
-    verdict = "passed" if passed else "FAILED"
-    title = (
-        f"soak {stack} - {verdict} - {soak.settings.concurrency} streams, {soak.ran_s:.0f} s"
-        + (f" - {soak.stopped}" if soak.stopped else "")
-    )
-    return plot.chart(title, panels, "seconds into the soak")
-
-
-def _line(summary: dict[str, Any]) -> str:
-    ttft, itl, memory = summary["ttft_s"], summary["itl_s"], summary["memory"]
-    grown = memory.get("peak_growth_mb")
-    rate = summary["tokens_per_s"]
-    return (
-        f"soak: {'passed' if summary['passed'] else 'FAILED'} after {summary['ran_s']:.1f} s: "
-        f"{summary['requests']} requests, {summary['errors']} failed; "
-        f"ttft p50 {_ms(ttft['p50'])} p99 {_ms(ttft['p99'])}; "
-        f"itl p50 {_ms(itl['p50'])} p99 {_ms(itl['p99'])}; "
-        f"{'-' if rate is None else format(rate, '.1f')} tok/s; "
-        f"memory {'+' + format(grown, '.0f') + ' MB' if memory['samples'] else 'not measured'}"
-        + (f"; {summary['stopped_early']}" if summary["stopped_early"] else "")
-        + f"\n  soak files: {summary['files']['json']} (.csv, .png)"
-    )
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f} ms"
 
 
 # --- HTTP --------------------------------------------------------------------------------------
