@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from functools import cache
-from typing import Annotated, Any, Literal, get_args
+from typing import Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-from pydantic import Field, StringConstraints
 
 from builder.errors import StackError
-from builder.spec.jitmodules import ArgValue, Specifier, jit_modules_known
-from builder.spec.knowledge import error_at, parse_document, read_knowledge
-from builder.spec.manifest import GpuName, KvCacheDtype, Manifest
+from builder.spec.jitmodules import ArgValue, jit_modules_known
+from builder.spec.knowledge import error_at
+from builder.spec.manifest import KvCacheDtype, Manifest
+from builder.spec.routes import (
+    ROUTES_FILE,
+    RoutesFile,
+    RouteVersion,
+    attention_routes,
+    fact_name,
+)
 from builder.spec.serveflags import command_options
-from builder.spec.strict import Strict
 from builder.spec.vllm_argv import (
     VLLM_OPTIONS,
     BackendOption,
@@ -37,60 +41,7 @@ from builder.spec.vllm_argv import (
 )
 from builder.spec.yamlsafe import YamlDocument
 
-ROUTES_FILE = "attention_routes.yaml"
 FLASHINFER = "FLASHINFER"
-BackendName = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9_]+$")]
-TorchDtype = Annotated[str, StringConstraints(pattern=r"^torch\.[a-z0-9_]+$")]
-#: The stack facts a route parameter can name, "{fact}" (see _Facts.values).
-FACTS = ("dtype", "kv_dtype", "head_dim", "sliding_window", "logits_soft_cap")
-
-
-class _Select(Strict):
-    gpus: list[GpuName]
-    kv_cache_dtypes: list[KvCacheDtype]
-    backend: BackendName
-    why: str
-
-
-class _FlashInferModule(Strict):
-    gpus: list[GpuName]
-    #: The module family built; None with not_derived (that case has no derivation).
-    family: str | None = None
-    #: Only for these KV cache dtypes (after auto is resolved); all when unset.
-    kv_cache_dtypes: list[KvCacheDtype] | None = None
-    #: Why the modules of this case are not derived: a stack that reaches it is refused, since
-    #: whatever it precompiled would not be what vLLM loads.
-    not_derived: str | None = None
-
-    def model_post_init(self, context: Any) -> None:
-        if (self.family is None) == (self.not_derived is None):
-            raise ValueError("an entry names a family, or says why it has none (not_derived)")
-
-
-class _Version(Strict):
-    vllm: Specifier
-    read: str
-    auto_kv_from_checkpoint: bool
-    flashinfer_sampler_default: bool
-    select: list[_Select] = Field(default_factory=list)
-    default_backend: BackendName
-    flashinfer: list[_FlashInferModule] = Field(default_factory=list)
-    #: Why this version's FlashInfer attention modules are not derived: a stack routed there is
-    #: refused, since whatever it precompiled would not be what vLLM loads.
-    flashinfer_not_derived: str | None = None
-
-
-class _Sampler(Strict):
-    env: str
-    modules: list[str]
-
-
-class _RoutesFile(Strict):
-    model_dtypes: dict[str, TorchDtype]
-    kv_cache_dtypes: dict[KvCacheDtype, TorchDtype | Literal["model"]]
-    prefill_params: dict[str, ArgValue]
-    sampler: _Sampler
-    versions: list[_Version]
 
 
 @dataclass(frozen=True)
@@ -115,61 +66,6 @@ class ServePath:
             "flashinfer_sampler": self.flashinfer_sampler,
             "flashinfer_modules": list(self.modules),
         }
-
-
-@cache
-def attention_routes() -> _RoutesFile:
-    """The routes, checked against the module knowledge they name (families, sampler modules)."""
-    doc = read_knowledge(ROUTES_FILE)
-    routes = parse_document(doc, _RoutesFile)
-    known = jit_modules_known()
-    for index, version in enumerate(routes.versions):
-        for entry, module in enumerate(version.flashinfer):
-            if module.family is not None and module.family not in known.families:
-                raise StackError(
-                    f"unknown module family {module.family!r}",
-                    file=doc.path,
-                    key=f"versions.{index}.flashinfer.{entry}.family",
-                    line=doc.line_of(("versions", index, "flashinfer", entry, "family")),
-                    hint=f"families: {', '.join(sorted(known.families))} "
-                    "(knowledge/flashinfer_modules.yaml)",
-                )
-    for family_name in {m.family for v in routes.versions for m in v.flashinfer if m.family}:
-        missing = set(known.families[family_name].params) - set(routes.prefill_params)
-        if missing:
-            raise StackError(
-                f"prefill_params gives no value for {', '.join(sorted(missing))} "
-                f"(parameters of family {family_name})",
-                file=doc.path,
-                key="prefill_params",
-                line=doc.line_of(("prefill_params",)),
-            )
-    unmapped = set(get_args(KvCacheDtype)) - set(routes.kv_cache_dtypes)
-    if unmapped:
-        raise StackError(
-            f"kv_cache_dtypes gives no dtype for {', '.join(sorted(unmapped))}",
-            file=doc.path,
-            key="kv_cache_dtypes",
-            line=doc.line_of(("kv_cache_dtypes",)),
-        )
-    for key, value in routes.prefill_params.items():
-        if _fact_name(value) not in (None, *FACTS):
-            raise StackError(
-                f"{value!r} names no fact of a stack",
-                file=doc.path,
-                key=f"prefill_params.{key}",
-                line=doc.line_of(("prefill_params", key)),
-                hint=f"facts: {', '.join('{' + f + '}' for f in FACTS)}",
-            )
-    for name in routes.sampler.modules:
-        if name not in known:
-            raise StackError(
-                f"unknown FlashInfer JIT module {name!r}",
-                file=doc.path,
-                key="sampler.modules",
-                line=doc.line_of(("sampler", "modules")),
-            )
-    return routes
 
 
 class NoRoute(StackError):
@@ -272,7 +168,7 @@ def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath
     )
 
 
-def _kv_cache_dtype(manifest: Manifest, version: _Version) -> KvCacheDtype:
+def _kv_cache_dtype(manifest: Manifest, version: RouteVersion) -> KvCacheDtype:
     """The KV cache dtype vLLM serves with: the option, or what auto becomes. serve.extra_args
     cannot name another (check_serve_args)."""
     asked = manifest.serve.kv_cache_dtype or "auto"
@@ -311,7 +207,7 @@ def _backend_key(manifest: Manifest, option: BackendOption | None) -> tuple[str 
 
 def _backend(
     manifest: Manifest,
-    version: _Version,
+    version: RouteVersion,
     kv_cache_dtype: KvCacheDtype,
     option: BackendOption | None,
 ) -> tuple[str, str]:
@@ -330,7 +226,7 @@ def _backend(
 
 
 def _sampler_on(
-    manifest: Manifest, version: _Version, routes: _RoutesFile, docs: list[YamlDocument]
+    manifest: Manifest, version: RouteVersion, routes: RoutesFile, docs: list[YamlDocument]
 ) -> bool:
     """Whether vLLM samples with FlashInfer: the variable as vLLM reads it, bool(int(value))."""
     value = manifest.env.get(routes.sampler.env)
@@ -357,7 +253,7 @@ class _Facts:
         self,
         manifest: Manifest,
         docs: list[YamlDocument],
-        routes: _RoutesFile,
+        routes: RoutesFile,
         vllm: str,
         backend_from: str,
         kv_cache_dtype: KvCacheDtype,
@@ -412,8 +308,8 @@ class _Facts:
 
 def _flashinfer_modules(
     manifest: Manifest,
-    version: _Version,
-    routes: _RoutesFile,
+    version: RouteVersion,
+    routes: RoutesFile,
     facts: _Facts,
     kv_cache_dtype: KvCacheDtype,
     docs: list[YamlDocument],
@@ -464,14 +360,5 @@ def _flashinfer_modules(
 
 def _params(value: ArgValue, facts: _Facts) -> tuple[ArgValue, ...]:
     """A parameter's values as the route gives it: a literal, or "{fact}" for a fact's."""
-    fact = _fact_name(value)
+    fact = fact_name(value)
     return (value,) if fact is None else facts.values(fact)
-
-
-def _fact_name(value: ArgValue) -> str | None:
-    """The fact a route parameter names ("{head_dim}" names head_dim), None for a literal. The
-    routes are data, so a parameter that varies per stack is spelled in them as a placeholder,
-    as the family names spell theirs; literals ("torch.int32", 0, false) pass through."""
-    if isinstance(value, str) and value.startswith("{") and value.endswith("}"):
-        return value[1:-1]
-    return None
