@@ -46,12 +46,8 @@ with open(sys.argv[1], "w") as out:
         if name.lower() not in there and not skip.match(name):
             out.write(f"{name}=={pin['version']}\n")
 PY
-  platforms=()
-  for n in 39 35 34 31 28 27 24 17 5; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 --platform linux_x86_64 --platform any \
-    -d "$work/sel" -r "$work/reqs.txt"
+  . bench/h200_wheels.sh
+  h200_wheels "$work/reqs.txt" "$work/sel"
   rm -rf "$work/site"
   "$py312" -m pip install -q --no-index --no-deps --no-compile --target "$work/site" "$work"/sel/*.whl
   (cd "$work/site" && rm -rf bin vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs \

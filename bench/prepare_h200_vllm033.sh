@@ -57,12 +57,8 @@ with open(sys.argv[2], "w") as out:
         if not skip.match(name):
             out.write(f"{name}=={pin['version']}\n")
 PY
-  platforms=()
-  for n in 39 35 34 31 28 27 24 17 5; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 --platform linux_x86_64 --platform any \
-    -d "$work/sel" -r "$work/reqs.txt"
+  . bench/h200_wheels.sh
+  h200_wheels "$work/reqs.txt" "$work/sel"
   rm -rf "$work/site"
   # only the wheels of reqs.txt (sel/ may hold others from an earlier list)
   wheels=()

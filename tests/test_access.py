@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from builder.hosts.drift import verify
 from builder.hosts.pins import load_pin
 from builder.image.hostprobe import HostFacts
 from builder.verify.chat import stream_chat
+from tests.support.health import wait_healthy
 from tests.test_hosts import STACK, _tested_and_pushed
 
 KEY = "sk-test-" + "5" * 24
@@ -114,13 +114,7 @@ def gated(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     process = subprocess.Popen([*command, str(upstream)], cwd=REPO_ROOT)
     url = f"http://127.0.0.1:{listen}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                time.sleep(0.2)
+        wait_healthy(url, 30)
         yield url, key_file
     finally:
         process.terminate()

@@ -136,3 +136,19 @@ def test_list_prints_the_table_when_a_lock_is_stale(
     assert " ok " in rows["vllm-0.17-flashinfer-cu"[:20]]
     assert "vllm-0.22-marlin: " in result.output
     assert "run `sm120-stacks lock vllm-0.22-marlin`" in result.output
+
+
+@pytest.mark.parametrize(
+    ("given", "reference"),
+    [
+        ("sha256:" + "ab" * 32, "sha256:" + "ab" * 32),
+        ("127.0.0.1:5000/sm120-stacks@sha256:" + "cd" * 32, "sha256:" + "cd" * 32),
+        ("127.0.0.1:5000/sm120-stacks:ci-mini-0123456789abcdef", "ci-mini-0123456789abcdef"),
+        ("sm120-stacks:ci-mini", "ci-mini"),
+    ],
+)
+def test_evidence_takes_a_digest_a_pinned_ref_or_a_tag(given: str, reference: str) -> None:
+    """A bare sha256: digest used to lose its algorithm (rpartition on ':')."""
+    from builder.cli.evidence import image_reference
+
+    assert image_reference(given) == reference

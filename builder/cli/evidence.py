@@ -33,6 +33,16 @@ def print_verdicts(evidence: Evidence) -> None:
         click.echo("  warning: built on a base image not pinned by digest (--allow-floating-base)")
 
 
+def image_reference(image: str) -> str:
+    """The tag or digest an IMAGE argument names: `sha256:…`, `REPO@sha256:…`, `REPO:TAG` or a
+    bare tag."""
+    if "@" in image:
+        return image.rpartition("@")[2]
+    if image.startswith("sha256:"):
+        return image
+    return image.rpartition(":")[2]
+
+
 @cli.command("evidence")
 @click.argument("image")
 @click.option("--registry", help="HOST[:PORT][/NAMESPACE] (default: SM120_STACKS_REGISTRY).")
@@ -44,8 +54,8 @@ def evidence_cmd(settings: Settings, image: str, registry: str | None, as_json: 
     digest of the stacks' repository): verdicts, the GPU kinds it served on, an SBOM summary,
     the provenance. Exit status 2 when any of it cannot be relied on."""
     source = Registry.parse(registry)
-    if image.startswith("sha256:") or ":" in image:
-        reference = image.rpartition("@")[2] if "@" in image else image.rpartition(":")[2]
+    if image.startswith("sha256:") or ":" in image or "@" in image:
+        reference = image_reference(image)
         evidence = read_evidence(source, image, reference=reference)
     else:
         content_hash = settings.render(settings.resolve(image)).content_hash()

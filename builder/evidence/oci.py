@@ -16,6 +16,7 @@ registry's word alone never counts.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import tempfile
@@ -138,17 +139,21 @@ class ArtifactStore:
     def referrers(self, subject: str) -> tuple[list[Descriptor], str]:
         """The artifacts that name subject, and how they were found ("referrers API" or
         "referrers tag")."""
-        response = self._request("GET", f"/referrers/{subject}", accept=INDEX)
-        kind = response.headers.get("content-type", "").split(";")[0]
-        if response.status_code == 200 and kind == INDEX:
-            return _index_entries(response.content), "referrers API"
+        answered = self._api_index(subject)
+        if answered is not None:
+            return _index_entries(answered), "referrers API"
         return self._tag_index(subject), "referrers tag"
 
+    @functools.cached_property
     def has_referrers_api(self) -> bool:
-        probe = "sha256:" + "0" * 64
-        response = self._request("GET", f"/referrers/{probe}", accept=INDEX)
+        """Asked once per store: a push attaches three artifacts."""
+        return self._api_index("sha256:" + "0" * 64) is not None
+
+    def _api_index(self, subject: str) -> bytes | None:
+        """The referrers API's index for subject; None where the registry has no such API."""
+        response = self._request("GET", f"/referrers/{subject}", accept=INDEX)
         kind = response.headers.get("content-type", "").split(";")[0]
-        return bool(response.status_code == 200 and kind == INDEX)
+        return bytes(response.content) if response.status_code == 200 and kind == INDEX else None
 
     # -- writing --
 
@@ -182,7 +187,7 @@ class ArtifactStore:
             artifact_type,
             tuple(sorted(annotations.items())),
         )
-        if not self.has_referrers_api():
+        if not self.has_referrers_api:
             self._add_to_tag_index(subject.digest, found)
         return found
 

@@ -290,9 +290,11 @@ def _parse_cache_file(raw: bytes) -> Path | None:
     """Where the parsed form of a lock with these bytes is kept: named by their sha256 and
     the lock schema, so it cannot go stale; $SM120_STACKS_CACHE_DIR, else the user's cache
     folder ($XDG_CACHE_HOME or ~/.cache); None where neither can be found."""
-    root = os.environ.get("SM120_STACKS_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
-    if root:
-        base = Path(root) / ("" if "SM120_STACKS_CACHE_DIR" in os.environ else "sm120-stacks")
+    explicit, user = os.environ.get("SM120_STACKS_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME")
+    if explicit:
+        base = Path(explicit)
+    elif user:
+        base = Path(user) / "sm120-stacks"
     else:
         try:
             base = Path.home() / ".cache" / "sm120-stacks"

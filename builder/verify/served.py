@@ -9,7 +9,7 @@ on its strength (`pin`), and anyone reading the registry sees what it served on.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from builder.image.hostprobe import HostFacts
 from builder.image.records import CPU, ServedVerdict
@@ -21,7 +21,7 @@ def served_verdict(
     stack: ResolvedStack,
     smoke: dict[str, Any],
     facts: HostFacts | None,
-    source: str,
+    source: Literal["test", "smoke --url"],
     gpu_kind: str | None = None,
 ) -> ServedVerdict:
     """smoke: a smoke report's JSON; facts: the serving host's GPUs (None for a CPU stack);
@@ -51,14 +51,14 @@ def served_verdict(
         driver=facts.driver if facts is not None and gpus else None,
         cuda=stack.manifest.cuda,
         model_id=serve.model.id,
-        model_revision=getattr(serve.model, "revision", None),
+        model_revision=None,  # the manifest names no revision; the model id is all it pins
         serve_args=serve_argv(stack),
         compiles=compiles,
         ttft_s=smoke.get("ttft_s"),
         single_stream_tok_s=smoke.get("single_stream_tok_s"),
         batched_tok_s=smoke.get("batched_tok_s"),
         passed=bool(smoke.get("passed")),
-        source="test" if source == "test" else "smoke --url",
+        source=source,
         at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
 

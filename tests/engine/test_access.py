@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from builder.hosts.pins import LABEL_HOST
 from builder.image.records import CPU, ServedVerdict, load_record, save_record
 from builder.image.registry import Registry
 from builder.verify.chat import stream_chat
 from tests.engine.conftest import unique
+from tests.support.health import wait_healthy
 
 pytestmark = pytest.mark.engine
 HOST = unique("access-e2e")
@@ -79,14 +78,7 @@ def test_a_keyed_pin_answers_only_the_key_and_reads_models_read_only(
         )
         assert "started" in applied.stdout
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(url + "/health", timeout=3).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)
+        wait_healthy(url, 180)
         chat = url + "/v1/chat/completions"
         refused = stream_chat(chat, "/models/tiny", "What is the capital of Kentucky?", 16)
         assert refused.error is not None and "HTTP 401" in refused.error

@@ -136,7 +136,7 @@ def test_push_from_one_folder_pin_from_another_with_no_records(
     assert f"stacks/{EV_CPU}.yaml" in predicate["externalParameters"]["files"]
     # The registry has no referrers API; the fallback tag lists all three artifacts.
     store = ArtifactStore(registry)
-    assert not store.has_referrers_api()
+    assert not store.has_referrers_api
     kinds = {a.annotation(documents.KIND_ANNOTATION) for a in store.referrers(digest)[0]}
     assert kinds == {"verdict", "sbom", "provenance"}
     # pull in the second folder records the verdicts there.
