@@ -11,8 +11,8 @@ from builder import REPO_ROOT
 PACKAGE = REPO_ROOT / "builder"
 #: Device nodes, CDI spec folders and the toolkit's hooks: the GPU probe's business alone.
 DEVICE_LOOKUP = re.compile(r"/dev/nvidia|/etc/cdi|/var/run/cdi|nvidia-container-runtime-hook")
-#: The PCIe topology probe (`doctor`'s tensor-parallel checks) runs nvidia-smi topo itself.
-PROBES = {"image/hostprobe.py", "hosts/topology.py"}
+#: The PCIe topology readings (`doctor`'s tensor-parallel checks) are hostprobe's too.
+PROBES = {"image/hostprobe.py"}
 DOCKER_IMPORT = re.compile(r"^\s*(import docker\b|from docker\b)", re.M)
 
 

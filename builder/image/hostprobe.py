@@ -1,6 +1,7 @@
 """What a host has for GPU containers, probed once, in one place: NVIDIA driver and GPUs
 (nvidia-smi), and how the engine can hand GPUs to a container (a registered nvidia runtime, the
-NVIDIA Container Toolkit's hook, CDI specs).
+NVIDIA Container Toolkit's hook, CDI specs); and the raw readings of the GPUs' PCIe topology
+that `doctor`'s tensor-parallel checks parse and judge (builder/hosts/topology/).
 
 Every command that asks "is there a GPU here?" (`doctor`, `verify`, `test --require-gpu`, the
 smoke, the fleet gate) asks this module, so no two of them can disagree (a CDI-only host once
@@ -172,3 +173,63 @@ def _run(argv: Sequence[str]) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         return 124, f"{argv[0]} timed out"
     return result.returncode, result.stdout + result.stderr
+
+
+# --- the GPUs' PCIe topology, as the host prints it (parsed in builder/hosts/topology/) --------
+
+#: Each GPU's index, PCI bus ID and name.
+GPU_BUS_QUERY = ("nvidia-smi", "--query-gpu=index,pci.bus_id,name", "--format=csv,noheader")
+#: The GPU x GPU link matrix (PIX, NODE, SYS, NV# ...).
+TOPO_LINKS = ("nvidia-smi", "topo", "-m")
+#: Peer-to-peer read and write capability matrices (OK, CNS, GNS, TNS, NS ...).
+TOPO_P2P_READ = ("nvidia-smi", "topo", "-p2p", "r")
+TOPO_P2P_WRITE = ("nvidia-smi", "topo", "-p2p", "w")
+#: Every PCI function with its capabilities (ACS control on the bridges; root sees them all).
+LSPCI = ("lspci", "-D", "-vvv")
+
+
+def output(probe: Probe, argv: Sequence[str]) -> tuple[str | None, str | None]:
+    """A program's output on the probed host, or why there is none (not installed, failed to
+    start, failed): recorded for the finding, never raised."""
+    program = argv[0]
+    if probe.which(program) is None:
+        return None, f"{program} is not on PATH"
+    try:
+        status, out = probe.run(argv)
+    except OSError as exc:
+        return None, f"{program} failed to start ({exc})"
+    if status != 0:
+        return None, f"`{shlex.join(argv)}` exited {status}: {' '.join(out.split())[:200]}"
+    return out, None
+
+
+def iommu_group_types(probe: Probe, bus_ids: Sequence[str]) -> dict[str, str | None]:
+    """Each PCI device's IOMMU group type (DMA, DMA-FQ, identity; kernel 5.11+), None where
+    the host does not show it."""
+    types: dict[str, str | None] = {}
+    for bus_id in bus_ids:
+        text = _read_text(probe, probe.sysfs / "bus/pci/devices" / bus_id / "iommu_group/type")
+        types[bus_id] = None if text is None else text.strip()
+    return types
+
+
+def iommu_units(probe: Probe) -> list[str] | None:
+    """The IOMMU units in /sys/class/iommu (empty: none, the IOMMU is off), None if unreadable."""
+    try:
+        status, out = probe.run(["ls", "-1", str(probe.sysfs / "class/iommu")])
+    except OSError:
+        return None
+    return out.split() if status == 0 else None
+
+
+def kernel_cmdline(probe: Probe) -> str | None:
+    """The probed host's kernel command line (its iommu= options), None if unreadable."""
+    return _read_text(probe, probe.cmdline)
+
+
+def _read_text(probe: Probe, path: Path) -> str | None:
+    try:
+        status, out = probe.run(["cat", str(path)])
+    except OSError:
+        return None
+    return out if status == 0 else None
