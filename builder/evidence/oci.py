@@ -38,6 +38,8 @@ EMPTY_BYTES = b"{}"
 IMAGE_MEDIA_TYPES = (MANIFEST, DOCKER_MANIFEST, INDEX, DOCKER_LIST)
 #: Registries answer in seconds or not at all; a blob here is a few hundred kB at most.
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+CHUNKED_ABOVE = 64 * 1024 * 1024
+CHUNK_BYTES = 16 * 1024 * 1024
 
 
 class ManifestUnknown(StackError):
@@ -166,14 +168,28 @@ class ArtifactStore:
         annotations: dict[str, str],
     ) -> Descriptor:
         """Push payload as an artifact referring to subject; its manifest's descriptor."""
-        layer = self._put_blob(payload, media_type)
+        with tempfile.TemporaryDirectory(prefix="sm120-evidence-") as scratch:
+            path = Path(scratch) / "blob"
+            path.write_bytes(payload)
+            return self.attach_files(subject, artifact_type, [(path, media_type)], annotations)
+
+    def attach_files(
+        self,
+        subject: Descriptor,
+        artifact_type: str,
+        layers: list[tuple[Path, str]],
+        annotations: dict[str, str],
+    ) -> Descriptor:
+        """Push files (of any size, streamed) as the layers of one artifact referring to
+        subject, in order; the artifact manifest's descriptor."""
+        pushed = [self._put_file(path, media_type) for path, media_type in layers]
         config = self._put_blob(EMPTY_BYTES, EMPTY)
         manifest = {
             "schemaVersion": 2,
             "mediaType": MANIFEST,
             "artifactType": artifact_type,
             "config": config.to_json(),
-            "layers": [layer.to_json()],
+            "layers": [layer.to_json() for layer in pushed],
             "subject": subject.to_json(),
             "annotations": annotations,
         }
@@ -190,6 +206,29 @@ class ArtifactStore:
         if not self.has_referrers_api:
             self._add_to_tag_index(subject.digest, found)
         return found
+
+    def blob_to_file(self, descriptor: Descriptor, path: Path) -> None:
+        """Stream a blob of any size into path, checked against its descriptor (size and
+        sha256) as it arrives; path is removed when the bytes are not intact."""
+        response = self._request("GET", f"/blobs/{descriptor.digest}", stream=True)
+        if response.status_code == 404:
+            raise StackError(f"the registry has no blob {descriptor.digest}")
+        _ok(response, f"blob {descriptor.digest}")
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with path.open("wb") as out:
+                for chunk in response.iter_content(chunk_size=1 << 20):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        got = "sha256:" + digest.hexdigest()
+        if got != descriptor.digest or size != descriptor.size:
+            path.unlink(missing_ok=True)
+            raise _tampered(f"blob {descriptor.digest}", got)
 
     # -- the registry's HTTP, through ORAS's session (auth, retries) --
 
@@ -217,15 +256,23 @@ class ArtifactStore:
         return bytes(response.content), kind or media_types[0]
 
     def _put_blob(self, data: bytes, media_type: str) -> Descriptor:
-        import oras.oci
-
         with tempfile.TemporaryDirectory(prefix="sm120-evidence-") as scratch:
             path = Path(scratch) / "blob"
             path.write_bytes(data)
-            layer = oras.oci.NewLayer(str(path), media_type)
-            response = self.client.upload_blob(str(path), self._container(), layer)
+            return self._put_file(path, media_type)
+
+    def _put_file(self, path: Path, media_type: str) -> Descriptor:
+        import oras.oci
+
+        layer = oras.oci.NewLayer(str(path), media_type)
+        # ORAS's one-request upload reads the whole file into memory: a cache of gigabytes
+        # goes up in chunks instead (distribution's POST, PATCH..., PUT).
+        chunked = int(layer["size"]) > CHUNKED_ABOVE
+        response = self.client.upload_blob(
+            str(path), self._container(), layer, do_chunked=chunked, chunk_size=CHUNK_BYTES
+        )
         _ok(response, f"blob upload of {media_type}")
-        return Descriptor(media_type, sha256_digest(data), len(data))
+        return Descriptor(media_type, str(layer["digest"]), int(layer["size"]))
 
     def _put_manifest(self, reference: str, data: bytes, media_type: str) -> None:
         response = self._request(

@@ -31,6 +31,7 @@ from builder.image.names import local_ref
 from builder.image.records import CPU, Record, require_tested
 from builder.spec import imageref
 from builder.spec.archflags import capabilities
+from builder.spec.cache_volume import cache_volume
 from builder.spec.knowledge import parse_document
 from builder.spec.manifest import ExactVersion, Identifier, SafeText, ServeArg, Sha256, Slug
 from builder.spec.resolve import ResolvedStack
@@ -47,23 +48,12 @@ DEFAULT_MODELS = "/var/lib/sm120-stacks/models"
 MODELS_TARGET = "/models"
 #: Runtime compile caches on a volume of the host, so a restart or a new container of the same
 #: stack loads what the last one compiled instead of compiling again: vLLM's torch.compile
-#: graphs, Inductor's and Triton's kernels, CuTe-DSL modules, and FlashInfer's JIT workspace
-#: (modules the image did not precompile; the precompiled ones load from FlashInfer's AOT copy
-#: in the image, which this mount does not hide). Triton kernels cannot be compiled into the
-#: image: they are specialised on the GPU at first use (bench/RESULTS.md §5).
-CACHE_TARGET = "/var/cache/sm120-stacks"
-CACHE_ENV = {
-    "VLLM_CACHE_ROOT": f"{CACHE_TARGET}/vllm",
-    "TRITON_CACHE_DIR": f"{CACHE_TARGET}/triton",
-    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_TARGET}/inductor",
-    "CUTE_DSL_CACHE_DIR": f"{CACHE_TARGET}/cute-dsl",
-    "FLASHINFER_WORKSPACE_BASE": f"{CACHE_TARGET}/flashinfer",
-    # The CUDA driver's JIT of PTX (vLLM 0.33's FA2 holds sm_80 code and PTX only: on sm12x
-    # the driver compiles it at first load, silently). Its default 256 MiB is too small for
-    # FA2's kernels; the cache is valid for one driver version.
-    "CUDA_CACHE_PATH": f"{CACHE_TARGET}/cuda-driver",
-    "CUDA_CACHE_MAXSIZE": "4294967296",
-}
+#: graphs, Inductor's and Triton's kernels, CuTe-DSL modules, FlashInfer's JIT workspace and
+#: autotune results, the CUDA driver's PTX JIT (knowledge/cache_volume.yaml). The precompiled
+#: FlashInfer modules load from the image's AOT copy, which this mount does not hide. A
+#: warm-cache artifact fills the volume before the first start (builder/warm/).
+CACHE_TARGET = cache_volume().mount
+CACHE_ENV = cache_volume().environment()
 HEADER = (
     "# Pinned by `sm120-stacks pin {host} {stack}`. Deploy with `sm120-stacks deploy {host}`,\n"
     "# check the host with `sm120-stacks verify {host}`. Commit this file.\n"
