@@ -10,13 +10,13 @@ STACK ?= ci-mini
 .PHONY: help venv host host-registry stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet arm64-emulated clean
 
 help:
-	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml"
+	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml (MODELS=DIR: the host's model folder)"
 	@echo "make test               lint, typecheck and the whole test suite"
 	@echo "make render|check STACK=NAME, make golden (regenerate golden Dockerfiles)"
 	@echo "make base-local         a Debian + Python base image made here (no registry needed)"
 	@echo "make base-cuda-local    a CUDA 13.0 devel base made here from NVIDIA's PyPI wheels"
-	@echo "make flagship-local STACK=vllm-0.22-b12x   a flagship on that base (hours on 2 cores)"
-	@echo "make bench-flagship STACK=vllm-0.22-b12x   its measurements (bench/RESULTS.md §4)"
+	@echo "make flagship-local STACK=vllm-0.33-b12x   a flagship on that base (hours on 2 cores)"
+	@echo "make bench-flagship STACK=vllm-0.33-b12x   its measurements (bench/RESULTS.md §4)"
 	@echo "make bench-cache        a fresh engine builds a ci-mini variant from the registry's cache (bench/RESULTS.md)"
 	@echo "make bench-fleet        two hosts (namespaces, sshd, dockerd): roll, rollback, drift (bench/RESULTS.md)"
 	@echo "make arm64-emulated     ci-mini for linux/arm64 under qemu here: qemu/binfmt, arm64 bases, build, test (MEASURE=1: timed cold against amd64, bench/RESULTS.md)"
@@ -30,8 +30,12 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# The CPU test stack serves a tiny model made here; real stacks download theirs at serve time.
-SMOKE_MOUNTS ?= $(if $(filter ci-mini%,$(STACK)),--mount $(CURDIR)/build/tiny-model:/models/tiny)
+# The CPU test stacks serve a tiny model made here. Every other stack reads its model (the
+# manifest's serve.model.id) from the host's model folder, mounted at /models as a pin mounts
+# it: MODELS=DIR, else /var/lib/sm120-stacks/models. `test` stops before any container when a
+# smoke would run without it, naming the `hf download` command (docs/gpu-host.md).
+MODELS ?= /var/lib/sm120-stacks/models
+SMOKE_MOUNTS ?= $(if $(filter ci-mini%,$(STACK)),--mount $(CURDIR)/build/tiny-model:/models/tiny,--models $(MODELS))
 
 # The engine (and, for the tests, a local registry): installed and started on a fresh Debian
 # machine as root; two pings when they already run (scripts/host-setup.sh).

@@ -24,10 +24,14 @@ from builder.image.cabundle import resolve_ca_bundle
 from builder.image.engine import Engine
 from builder.spec.checkpoint import check_checkpoint
 from builder.spec.resolve import ResolvedStack
+from builder.verify import model_folder
 from builder.verify.kernel_cache import container_watch, directory_watch, summary_lines
 from builder.verify.report import CacheRow, TestReport
 from builder.verify.smoke_report import format_table
 from builder.verify.validate import SmokeRunner, validate
+
+#: The host's model folder for `test`, as `make stack MODELS=DIR` hands it over.
+MODELS_ENV = "SM120_STACKS_MODELS"
 
 
 def print_report(report: TestReport) -> None:
@@ -100,6 +104,18 @@ soak_option = click.option(
     metavar="HOST:CONTAINER",
     help="Bind mount for the smoke server (e.g. a model directory).",
 )
+@click.option(
+    "--models",
+    "models_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=model_folder.DEFAULT_MODELS,
+    show_default=True,
+    envvar=MODELS_ENV,
+    metavar="DIR",
+    help="The host's model folder, mounted read-only at /models for the smoke as `pin` mounts "
+    "it, where no --mount gives the model. A smoke that would run without its model stops "
+    f"first with the download command (env {MODELS_ENV}; `make stack MODELS=DIR`).",
+)
 @ca_bundle_option
 @soak_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -111,6 +127,7 @@ def test_command(
     stack: str,
     require_gpu: bool,
     mounts: tuple[str, ...],
+    models_dir: Path,
     ca_bundle: str | None,
     soak_s: int | None,
     as_json: bool,
@@ -118,14 +135,17 @@ def test_command(
     """Validate the stack's current image: static checks, JIT cache, smoke prompt."""
     proxy_ca = resolve_ca_bundle(ca_bundle)  # what builds were given: the image holds none of it
     resolved = settings.checked(stack)
-    parsed = _parse_mounts(mounts)
-    model_dir = _model_folder(resolved, parsed)
+    parsed = model_folder.with_models_folder(resolved, _parse_mounts(mounts), models_dir)
+    model_dir = model_folder.locate(resolved, parsed).folder()
     if model_dir is not None:
         said = check_checkpoint(resolved, model_dir)
         if said:
             click.echo(f"model: {said}", err=True)
     engine = settings.connect()
-    smoke = _smoke_runner(engine, resolved, parsed, require_gpu, as_json, soak_s)
+    skipped = _smoke_skipped(engine, resolved, require_gpu)
+    if skipped is None:  # the smoke will start a server: its model must be here first
+        model_folder.require(resolved, parsed, models_dir)
+    smoke = _smoke_runner(engine, resolved, parsed, skipped, as_json, soak_s)
     report = validate(
         engine, resolved, settings.render(resolved), settings.build_dir, proxy_ca, smoke
     )
@@ -135,27 +155,6 @@ def test_command(
         print_report(report)
     if not report.passed:
         raise SystemExit(1)
-
-
-def _model_folder(stack: ResolvedStack, mounts: dict[str, str]) -> Path | None:
-    """The host folder a --mount gives the serve command's model: its id is a path inside a
-    mount, or a Hugging Face id whose snapshot is in the hub cache under HF_HOME (the newest
-    snapshot: what vLLM loads offline)."""
-    model = stack.manifest.serve.model.id
-    inside = model
-    if not model.startswith("/"):
-        home = stack.manifest.env.get("HF_HOME")
-        if home is None:
-            return None
-        inside = f"{home.rstrip('/')}/hub/models--{model.replace('/', '--')}"
-    for host, target in mounts.items():
-        if inside == target or inside.startswith(target.rstrip("/") + "/"):
-            folder = Path(host) / inside.removeprefix(target).lstrip("/")
-            if model.startswith("/"):
-                return folder
-            snapshots = sorted((folder / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
-            return snapshots[-1] if snapshots else None
-    return None
 
 
 def _parse_mounts(mounts: tuple[str, ...]) -> dict[str, str]:
@@ -170,11 +169,26 @@ def _parse_mounts(mounts: tuple[str, ...]) -> dict[str, str]:
     return parsed
 
 
+def _smoke_skipped(engine: Engine, stack: ResolvedStack, require_gpu: bool) -> str | None:
+    """Why the smoke will not run here (None: it will); with --require-gpu, a GPU this engine's
+    host lacks is an error instead. Asked before the static checks, so that a smoke missing its
+    model is refused before any container starts."""
+    if stack.manifest.smoke.needs_gpu:
+        from builder.verify.smoke import gpu_gate  # imports requests: only for GPU stacks
+
+        skip = gpu_gate(engine, require_gpu=require_gpu)
+        if skip is not None:
+            return skip
+    if not stack.manifest.smoke.prompts:
+        return "the manifest lists no smoke prompts"
+    return None
+
+
 def _smoke_runner(
     engine: Engine,
     stack: ResolvedStack,
     mounts: dict[str, str],
-    require_gpu: bool,
+    skipped: str | None,
     as_json: bool,
     soak_s: int | None = None,
 ) -> SmokeRunner:
@@ -184,13 +198,9 @@ def _smoke_runner(
     def run(image_ref: str, report_dir: Path) -> dict[str, Any] | str:
         from builder.verify import smoke, soak  # imports requests: paid only when a smoke runs
 
+        if skipped is not None:
+            return skipped
         needs_gpu = stack.manifest.smoke.needs_gpu
-        if needs_gpu:
-            skip = smoke.gpu_gate(engine, require_gpu=require_gpu)
-            if skip is not None:
-                return skip
-        if not stack.manifest.smoke.prompts:
-            return "the manifest lists no smoke prompts"
         result = smoke.run_smoke(
             engine,
             image_ref,
