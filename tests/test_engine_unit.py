@@ -159,7 +159,7 @@ class _PushingEngine:
     def tag(self, image: str, ref: str) -> None:
         self.tags.append((image, ref))
 
-    def push(self, repository: str, tag: str) -> str:
+    def push(self, repository: str, tag: str, progress: object = None) -> str:
         self.pushes += 1
         if self.failures:
             raise EngineError(self.failures.pop(0), status_code=500)

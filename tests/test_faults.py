@@ -245,7 +245,7 @@ class _RetriedEngine:
     def tag(self, image: str, ref: str) -> None:
         pass
 
-    def push(self, repository: str, tag: str) -> str:
+    def push(self, repository: str, tag: str, progress: object = None) -> str:
         self.pushes += 1
         lines = [
             {"status": "Preparing", "id": "b37d6f256f1e"},

@@ -24,7 +24,8 @@ from builder.image.buildcache import CacheSettings, registry_cache
 from builder.image.buildclient import detect_build_client
 from builder.image.cabundle import resolve_ca_bundle
 from builder.image.distribute import pull_stack, push_stack, registry_has_current
-from builder.image.names import moving_ref
+from builder.image.names import content_tag, moving_ref
+from builder.image.progress import LayerProgress
 from builder.image.registry import Registry
 
 #: How long a second build of a stack waits for the first: longer than the longest cold build
@@ -37,6 +38,12 @@ registry_option = click.option(
     metavar="HOST[:PORT][/NAMESPACE]",
     help="Registry to push to / pull from (env SM120_STACKS_REGISTRY).",
 )
+
+
+def layer_lines(action: str, ref: str) -> LayerProgress:
+    """A push's or pull's progress on stderr: each moving layer's bytes and percent, a line
+    every few seconds (stdout keeps what a script reads: the digest, the pulled reference)."""
+    return LayerProgress(action, ref, lambda line: click.echo(line, err=True))
 
 
 @cli.command()
@@ -137,7 +144,9 @@ def build(
     if pull_or_build:
         target = Registry.parse(registry)
         if registry_has_current(rendered, engine, target):
-            ref = pull_stack(rendered, settings.build_dir, engine, target)
+            layers = layer_lines("pull", target.ref(content_tag(stack, rendered.content_hash())))
+            ref = pull_stack(rendered, settings.build_dir, engine, target, layers)
+            layers.finish()
             click.echo(f"pulled {ref} from {target.repository}")
             return
         click.echo(f"{target.repository} has no image of this content hash; building")
@@ -202,7 +211,9 @@ def push(settings: Settings, stack: str, registry: str | None, force: bool) -> N
     rendered = settings.render(resolved)
     engine = settings.connect()
     target = Registry.parse(registry)
-    pushed = push_stack(rendered, settings.build_dir, engine, target, force=force)
+    layers = layer_lines("push", target.ref(content_tag(stack, rendered.content_hash())))
+    pushed = push_stack(rendered, settings.build_dir, engine, target, force=force, progress=layers)
+    layers.finish()
     record = load_record(settings.build_dir, stack, pushed.content_hash)
     artifacts = attach_evidence(
         engine, target, resolved, rendered, record, pushed.digest_ref, detect_build_client().kind
@@ -230,7 +241,10 @@ def pull(settings: Settings, stack: str, registry: str | None) -> None:
     rendered = settings.render(settings.checked(stack))
     source = Registry.parse(registry)
     evidence = read_evidence(source, stack, rendered.content_hash())
-    click.echo(pull_stack(rendered, settings.build_dir, settings.connect(), source))
+    layers = layer_lines("pull", source.ref(content_tag(stack, rendered.content_hash())))
+    pulled = pull_stack(rendered, settings.build_dir, settings.connect(), source, layers)
+    layers.finish()
+    click.echo(pulled)
     record = load_record(settings.build_dir, stack, rendered.content_hash())
     found = evidence.record()
     record.tests, record.static, record.served = found.tests, found.static, found.served

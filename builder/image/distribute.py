@@ -12,7 +12,7 @@ from pathlib import Path
 
 from builder.errors import StackError
 from builder.image.build import find_image
-from builder.image.engine import Engine
+from builder.image.engine import Engine, OnLayer
 from builder.image.names import local_ref, moving_ref
 from builder.image.records import load_record, require_tested, save_record
 from builder.image.registry import Registry, has_image, pull, push
@@ -32,6 +32,7 @@ def push_stack(
     engine: Engine,
     registry: Registry,
     force: bool = False,
+    progress: OnLayer | None = None,
 ) -> Pushed:
     name, content_hash = rendered.stack, rendered.content_hash()
     ref = local_ref(name, content_hash)
@@ -48,18 +49,22 @@ def push_stack(
             "refusing to push an untested image",
             hint=f"run `sm120-stacks test {name}`, or pass --force to push anyway",
         )
-    digest_ref = push(engine, registry, ref, name, content_hash)
+    digest_ref = push(engine, registry, ref, name, content_hash, progress)
     record.pushed[registry.repository] = digest_ref
     save_record(build_dir, record)
     return Pushed(name, content_hash, digest_ref)
 
 
 def pull_stack(
-    rendered: RenderedContext, build_dir: Path, engine: Engine, registry: Registry
+    rendered: RenderedContext,
+    build_dir: Path,
+    engine: Engine,
+    registry: Registry,
+    progress: OnLayer | None = None,
 ) -> str:
     """Pull the image of the stack's current content hash and tag it as a build would."""
     name, content_hash = rendered.stack, rendered.content_hash()
-    image = pull(engine, registry, name, content_hash)
+    image = pull(engine, registry, name, content_hash, progress)
     engine.tag(image.id, local_ref(name, content_hash))
     engine.tag(image.id, moving_ref(name))
     record = load_record(build_dir, name, content_hash)

@@ -22,6 +22,8 @@ from builder.image.engine import (
     ContainerSpec,
     EngineHost,
     Image,
+    LayerEvent,
+    OnLayer,
     PortBinding,
     registry_failure,
 )
@@ -122,7 +124,9 @@ def engine_reachable(address: str | None) -> bool:
     return True
 
 
-def parse_progress_stream(lines: Iterable[Mapping[str, Any]]) -> str:
+def parse_progress_stream(
+    lines: Iterable[Mapping[str, Any]], progress: OnLayer | None = None
+) -> str:
     """Read a push or pull progress stream; the digest it names ("" if none).
 
     The engine answers a push or pull with success as soon as it starts, so whatever fails
@@ -134,6 +138,8 @@ def parse_progress_stream(lines: Iterable[Mapping[str, Any]]) -> str:
     digest = ""
     retried = False
     for line in lines:
+        if progress is not None:
+            progress(layer_event(line))
         if "error" in line or "errorDetail" in line:
             detail = line.get("errorDetail")
             message = detail.get("message") if isinstance(detail, Mapping) else None
@@ -145,6 +151,19 @@ def parse_progress_stream(lines: Iterable[Mapping[str, Any]]) -> str:
         if match := _PUSHED_DIGEST.search(str(line.get("status", ""))):
             digest = digest or match.group(1)
     return digest
+
+
+def layer_event(line: Mapping[str, Any]) -> LayerEvent:
+    """A stream line as the interface's LayerEvent (byte counts where the line has them)."""
+    detail = line.get("progressDetail")
+    counts = detail if isinstance(detail, Mapping) else {}
+    current, total = counts.get("current"), counts.get("total")
+    return LayerEvent(
+        layer=str(line.get("id") or ""),
+        status=str(line.get("status") or ""),
+        current=current if isinstance(current, int) else None,
+        total=total if isinstance(total, int) and total > 0 else None,
+    )
 
 
 def run_kwargs(spec: ContainerSpec) -> dict[str, Any]:
@@ -271,15 +290,17 @@ class DockerEngine:
         with _engine_errors():
             self.sdk.api.tag(image, repository, tag=tag)
 
-    def push(self, repository: str, tag: str) -> str:
+    def push(self, repository: str, tag: str, progress: OnLayer | None = None) -> str:
         with _engine_errors():
             return parse_progress_stream(
-                self.sdk.api.push(repository, tag=tag, stream=True, decode=True)
+                self.sdk.api.push(repository, tag=tag, stream=True, decode=True), progress
             )
 
-    def pull(self, repository: str, tag: str) -> None:
+    def pull(self, repository: str, tag: str, progress: OnLayer | None = None) -> None:
         with _engine_errors():
-            parse_progress_stream(self.sdk.api.pull(repository, tag=tag, stream=True, decode=True))
+            parse_progress_stream(
+                self.sdk.api.pull(repository, tag=tag, stream=True, decode=True), progress
+            )
 
     def registry_digest(self, ref: str) -> str:
         try:

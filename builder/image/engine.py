@@ -9,7 +9,7 @@ Whatever the SDK raised arrives as an EngineError carrying the engine's own word
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -160,6 +160,22 @@ class ContainerSpec:
 
 
 @dataclass(frozen=True)
+class LayerEvent:
+    """One line of a push or pull as it streams in: which layer, what the engine says it is
+    doing with it ("Pushing", "Downloading", "Pull complete", ...) and, while bytes move, how
+    many of how many. Lines about the whole image have no layer."""
+
+    layer: str
+    status: str
+    current: int | None = None
+    total: int | None = None
+
+
+#: Called with each LayerEvent of a push or pull (builder.image.progress.LayerProgress).
+OnLayer = Callable[[LayerEvent], None]
+
+
+@dataclass(frozen=True)
 class EngineHost:
     """The machine an engine runs on, as the engine itself says (`docker info`): what sizes a
     build there (`max_jobs: auto`) and gives its containers GPUs, which need not be this one."""
@@ -202,11 +218,12 @@ class Engine(Protocol):
         """Point ref (repository[:tag]) at image (an ID or a reference)."""
         ...
 
-    def push(self, repository: str, tag: str) -> str:
-        """Push repository:tag; the pushed manifest's digest ("" if the engine named none)."""
+    def push(self, repository: str, tag: str, progress: OnLayer | None = None) -> str:
+        """Push repository:tag; the pushed manifest's digest ("" if the engine named none).
+        progress: told each layer event as it streams in."""
         ...
 
-    def pull(self, repository: str, tag: str) -> None:
+    def pull(self, repository: str, tag: str, progress: OnLayer | None = None) -> None:
         """Pull repository:tag (a tag or a sha256 digest) from its registry."""
         ...
 

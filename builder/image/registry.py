@@ -25,7 +25,7 @@ from builder.errors import (
     StackError,
     ToolMissing,
 )
-from builder.image.engine import Engine, Image
+from builder.image.engine import Engine, Image, OnLayer
 from builder.image.names import REPOSITORY, content_tag
 from builder.spec import imageref
 
@@ -69,8 +69,16 @@ class Registry:
         return f"{self.repository}:{tag}"
 
 
-def push(engine: Engine, registry: Registry, local_ref: str, stack: str, content_hash: str) -> str:
-    """Push the content tag and the moving stack tag; return repo@sha256 of the image."""
+def push(
+    engine: Engine,
+    registry: Registry,
+    local_ref: str,
+    stack: str,
+    content_hash: str,
+    progress: OnLayer | None = None,
+) -> str:
+    """Push the content tag and the moving stack tag; return repo@sha256 of the image.
+    progress: told each layer event of both pushes (the second finds every layer there)."""
     image = engine.image(local_ref)
     if image is None:
         raise RegistryError(f"there is no local image {local_ref} to push")
@@ -79,7 +87,7 @@ def push(engine: Engine, registry: Registry, local_ref: str, stack: str, content
         engine.tag(image.id, registry.ref(tag))
 
         def push_tag(tag: str = tag) -> str:
-            return _answered("push", tag, lambda: engine.push(registry.repository, tag))
+            return _answered("push", tag, lambda: engine.push(registry.repository, tag, progress))
 
         # Every tag is sent (the moving tag too); the digest is the same image's for both.
         pushed = _with_retries(registry, push_tag)
@@ -89,11 +97,18 @@ def push(engine: Engine, registry: Registry, local_ref: str, stack: str, content
     return f"{registry.repository}@{digest}"
 
 
-def pull(engine: Engine, registry: Registry, stack: str, content_hash: str) -> Image:
+def pull(
+    engine: Engine,
+    registry: Registry,
+    stack: str,
+    content_hash: str,
+    progress: OnLayer | None = None,
+) -> Image:
     """Pull the image of this exact content hash; its label must say the same hash."""
     tag = content_tag(stack, content_hash)
     _with_retries(
-        registry, lambda: _answered("pull", tag, lambda: engine.pull(registry.repository, tag))
+        registry,
+        lambda: _answered("pull", tag, lambda: engine.pull(registry.repository, tag, progress)),
     )
     image = engine.image(registry.ref(tag))
     if image is None:
