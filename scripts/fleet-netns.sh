@@ -7,6 +7,12 @@
 #   scripts/fleet-netns.sh up N      start hosts 1..N; prints the environment to source
 #   scripts/fleet-netns.sh down      stop everything this script started, delete its data
 #   scripts/fleet-netns.sh status
+#   scripts/fleet-netns.sh restart-engine I [SIGNAL]   stop host I's dockerd (TERM, as systemd
+#                                    does; KILL for a crash) and start it again on the same data
+#
+# SM120_FLEET_NAME (default sm120-fleet) and SM120_FLEET_NET (the second octet, default 231)
+# give a second fleet its own namespaces, links and addresses beside this one (the fault and
+# soak benches run theirs so), with SM120_FLEET_STATE and SM120_FLEET_DATA its own folders.
 #
 # Host i: namespace sm120-fleet-hI, address 10.231.I.2 (this machine: 10.231.I.1), engine at
 # unix:///run/sm120-fleet/hI/docker.sock here and ssh://root@10.231.I.2 over ssh.
@@ -22,11 +28,14 @@
 # root's ~/.ssh is read or changed.
 set -euo pipefail
 
-STATE=${SM120_FLEET_STATE:-/run/sm120-fleet}
-DATA=${SM120_FLEET_DATA:-/var/lib/sm120-fleet}
+NAME=${SM120_FLEET_NAME:-sm120-fleet}
+NET=10.${SM120_FLEET_NET:-231}
+STATE=${SM120_FLEET_STATE:-/run/$NAME}
+DATA=${SM120_FLEET_DATA:-/var/lib/$NAME}
 REGISTRY_PORT=${SM120_FLEET_REGISTRY_PORT:-5000}
-PREFIX=sm120-fleet-h
-LINK=sm120f-h
+PREFIX=$NAME-h
+# Interface names have 15 characters at most: the default fleet keeps its old one.
+LINK=$( [[ $NAME == sm120-fleet ]] && echo sm120f-h || echo "sm${NET#10.}-h")
 
 say() { echo "fleet-netns: $*" >&2; }
 
@@ -62,7 +71,7 @@ client_setup() {
         rm -f "$dir/key" "$dir/key.pub"  # the agent holds it now; no key file stays behind
     fi
     cat >"$dir/ssh_config" <<EOF
-Host 10.231.*
+Host $NET.*
     User root
     IdentityAgent $dir/agent.sock
     UserKnownHostsFile $dir/known_hosts
@@ -78,6 +87,17 @@ EOF
     chmod 755 "$dir/bin/ssh"
 }
 
+engine_start() {  # engine_start I: host I's dockerd, in its namespace, on its own data
+    local i=$1 dir=$STATE/h$i
+    # nsenter enters the network namespace alone: `ip netns exec` also gives the process a
+    # fresh /sys, without the cgroup mounts dockerd needs ("Devices cgroup isn't mounted").
+    start_bg "$dir/dockerd.launcher.pid" "$dir/dockerd.log" \
+        nsenter "--net=/run/netns/$(ns "$i")" dockerd \
+        --data-root "$DATA/h$i" --exec-root "$dir/exec" --pidfile "$dir/docker.pid" \
+        --host "unix://$dir/docker.sock" --insecure-registry "127.0.0.1:$REGISTRY_PORT" \
+        --bip "172.31.$i.1/24" --default-address-pool "base=172.30.0.0/16,size=24"
+}
+
 host_up() {
     local i=$1 name dir data
     name=$(ns "$i")
@@ -91,29 +111,23 @@ host_up() {
     if ! ip netns list | grep -qw "$name"; then
         ip netns add "$name"
         ip link add "$LINK$i" type veth peer name eth0 netns "$name"
-        ip addr add "10.231.$i.1/24" dev "$LINK$i"
+        ip addr add "$NET.$i.1/24" dev "$LINK$i"
         ip link set "$LINK$i" up
         ip netns exec "$name" ip link set lo up
-        ip netns exec "$name" ip addr add "10.231.$i.2/24" dev eth0
+        ip netns exec "$name" ip addr add "$NET.$i.2/24" dev eth0
         ip netns exec "$name" ip link set eth0 up
-        ip netns exec "$name" ip route add default via "10.231.$i.1"
+        ip netns exec "$name" ip route add default via "$NET.$i.1"
     fi
     # The registry, as 127.0.0.1:PORT inside the namespace (what pins and the engine name).
     start_bg "$dir/socat-host.pid" "$dir/socat-host.log" \
-        socat "TCP-LISTEN:$REGISTRY_PORT,bind=10.231.$i.1,fork,reuseaddr" "TCP:127.0.0.1:$REGISTRY_PORT"
+        socat "TCP-LISTEN:$REGISTRY_PORT,bind=$NET.$i.1,fork,reuseaddr" "TCP:127.0.0.1:$REGISTRY_PORT"
     start_bg "$dir/socat-ns.pid" "$dir/socat-ns.log" \
         nsenter "--net=/run/netns/$name" socat "TCP-LISTEN:$REGISTRY_PORT,bind=127.0.0.1,fork,reuseaddr" \
-        "TCP:10.231.$i.1:$REGISTRY_PORT"
-    # nsenter enters the network namespace alone: `ip netns exec` also gives the process a
-    # fresh /sys, without the cgroup mounts dockerd needs ("Devices cgroup isn't mounted").
-    start_bg "$dir/dockerd.launcher.pid" "$dir/dockerd.log" \
-        nsenter "--net=/run/netns/$name" dockerd \
-        --data-root "$data" --exec-root "$dir/exec" --pidfile "$dir/docker.pid" \
-        --host "unix://$dir/docker.sock" --insecure-registry "127.0.0.1:$REGISTRY_PORT" \
-        --bip "172.31.$i.1/24" --default-address-pool "base=172.30.0.0/16,size=24"
+        "TCP:$NET.$i.1:$REGISTRY_PORT"
+    engine_start "$i"
     [[ -f $dir/host_key ]] || ssh-keygen -q -t ed25519 -N '' -f "$dir/host_key"
     cat >"$dir/sshd_config" <<EOF
-ListenAddress 10.231.$i.2
+ListenAddress $NET.$i.2
 Port 22
 HostKey $dir/host_key
 PidFile $dir/sshd.pid
@@ -128,7 +142,7 @@ SetEnv DOCKER_HOST=unix://$dir/docker.sock
 EOF
     nsenter "--net=/run/netns/$name" /usr/sbin/sshd -f "$dir/sshd_config" -E "$dir/sshd.log"
     wait_for 60 "dockerd of host $i" /usr/bin/docker -H "unix://$dir/docker.sock" version
-    say "host $i up: ssh://root@10.231.$i.2 (unix://$dir/docker.sock)"
+    say "host $i up: ssh://root@$NET.$i.2 (unix://$dir/docker.sock)"
 }
 
 kill_pidfile() {  # kill_pidfile FILE [SECONDS]: TERM, then KILL after SECONDS
@@ -197,6 +211,19 @@ down)
     rmdir "$DATA" 2>/dev/null || true
     main_engine_ok
     ;;
+restart-engine)
+    i=${2:?usage: $0 restart-engine I [SIGNAL]}
+    dir=$STATE/h$i
+    pid=$(cat "$dir/docker.pid")
+    say "host $i: dockerd (pid $pid) stopped with SIG${3:-TERM}"
+    kill "-${3:-TERM}" "$pid"
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -0 "$pid" 2>/dev/null && { say "host $i: dockerd $pid did not stop"; exit 1; }
+    rm -f "$dir/docker.pid"
+    engine_start "$i"
+    wait_for 60 "dockerd of host $i" /usr/bin/docker -H "unix://$dir/docker.sock" version
+    say "host $i: dockerd started again (pid $(cat "$dir/docker.pid"))"
+    ;;
 status)
     ip netns list | grep "$PREFIX" || echo "no fleet namespaces"
     for dir in "$STATE"/h*; do
@@ -204,7 +231,7 @@ status)
     done
     ;;
 *)
-    echo "usage: $0 up [N] | down | status" >&2
+    echo "usage: $0 up [N] | down | status | restart-engine I [SIGNAL]" >&2
     exit 2
     ;;
 esac

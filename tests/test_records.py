@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from click.testing import Result
 
+from builder.errors import StackError
 from builder.image.build import BuildOptions, build_argv, stack_dir_lock
 from builder.image.buildclient import BuildClient
+from builder.image.distribute import push_stack
+from builder.image.engine import Image
 from builder.image.records import Record, load_record, save_record
+from builder.image.registry import Registry
 from builder.render.context import render
 from builder.spec.resolve import resolve
 
@@ -165,3 +171,36 @@ def test_atomic_writes_give_new_files_the_usual_mode_and_keep_an_existing_one(
         assert (kept.read_text(), kept.stat().st_mode & 0o777) == ("new\n", 0o640)
     finally:
         os.umask(umask)
+
+
+class _OneImageEngine:
+    """An engine whose content tag names one image (another build folder's, in the test)."""
+
+    def __init__(self, image_id: str, content_hash: str) -> None:
+        labels = {"sm120-stacks.content-hash": content_hash}
+        self.held = Image(image_id, {"Config": {"Labels": labels}})
+
+    def image(self, ref: str) -> Image | None:
+        return self.held
+
+
+@dataclass
+class _Rendered:
+    stack: str
+    hash: str
+
+    def content_hash(self) -> str:
+        return self.hash
+
+
+def test_push_refuses_an_image_this_folder_did_not_test(tmp_path: Path) -> None:
+    """Another build folder on the engine built the same content again: the content tag names
+    its image, which this folder never tested; this folder's verdict is not taken for it."""
+    record = Record(stack="s", content_hash="a" * 64)
+    record.attach_image("sha256:tested-here")
+    record.tests = "passed"
+    save_record(tmp_path, record)
+    engine = _OneImageEngine("sha256:built-elsewhere", "a" * 64)
+    with pytest.raises(StackError, match="have not been run; refusing to push an untested"):
+        rendered: Any = _Rendered("s", "a" * 64)
+        push_stack(rendered, tmp_path, cast(Any, engine), Registry.parse("r.example/x"))

@@ -103,6 +103,7 @@ def build_stack(
     bases = local_base_ids(engine, stack)
     if existing is not None and not options.no_cache and not _bases_moved(existing, bases):
         engine.tag(existing.id, moving_ref(stack.name))
+        _note_image(build_dir, stack.name, content_hash, existing.id)
         return BuildOutcome(
             stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
         )
@@ -111,6 +112,7 @@ def build_stack(
         existing = None if options.no_cache else find_image(engine, ref, content_hash)
         if existing is not None and not _bases_moved(existing, bases):  # built while we waited
             engine.tag(existing.id, moving_ref(stack.name))
+            _note_image(build_dir, stack.name, content_hash, existing.id)
             return BuildOutcome(
                 stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
             )
@@ -136,9 +138,7 @@ def build_stack(
             image_id = iidfile.read_text().strip()
         engine.tag(image_id, ref)
         engine.tag(image_id, moving_ref(stack.name))
-        record = load_record(build_dir, stack.name, content_hash)
-        record.attach_image(image_id)
-        save_record(build_dir, record)
+        _note_image(build_dir, stack.name, content_hash, image_id)
         return BuildOutcome(
             stack.name,
             content_hash,
@@ -149,6 +149,16 @@ def build_stack(
             log_path,
             command_path,
         )
+
+
+def _note_image(build_dir: Path, stack: str, content_hash: str, image_id: str) -> None:
+    """This build folder's record names the image its content tag holds. Another build folder
+    (another user on the engine) may have built that content, or built it again: what this
+    folder tested or pushed of another image is forgotten (`Record.attach_image`)."""
+    record = load_record(build_dir, stack, content_hash)
+    if record.image_id != image_id:
+        record.attach_image(image_id)
+        save_record(build_dir, record)
 
 
 @contextmanager

@@ -36,12 +36,17 @@ def push_stack(
 ) -> Pushed:
     name, content_hash = rendered.stack, rendered.content_hash()
     ref = local_ref(name, content_hash)
-    if find_image(engine, ref, content_hash) is None:
+    image = find_image(engine, ref, content_hash)
+    if image is None:
         raise StackError(
             f"no local image of {name} at its current content hash ({ref})",
             hint=f"build it first: sm120-stacks build {name}",
         )
     record = load_record(build_dir, name, content_hash)
+    if record.image_id not in (None, image.id):
+        # Another build folder on this engine built this content again: what this folder
+        # tested was the image before, so the tag's image is untested here.
+        record.attach_image(image.id)
     if not force:
         require_tested(
             record,

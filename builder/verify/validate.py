@@ -19,7 +19,7 @@ from typing import Any
 
 import certifi
 
-from builder.errors import StackError
+from builder.errors import OperationFailed, StackError
 from builder.files import write_atomic
 from builder.image.build import find_image
 from builder.image.engine import ContainerSpec, Engine
@@ -202,7 +202,8 @@ def validate(
     """Static checks and cache table now; `smoke` (a callable) adds the smoke prompt result."""
     content_hash = rendered.content_hash()
     image_ref = local_ref(stack.name, content_hash)
-    if find_image(engine, image_ref, content_hash) is None:
+    image = find_image(engine, image_ref, content_hash)
+    if image is None:
         raise StackError(
             f"no image of {stack.name} at its current content hash ({image_ref})",
             hint=f"build it first: sm120-stacks build {stack.name} (make stack STACK={stack.name})",
@@ -220,7 +221,9 @@ def validate(
     path = stack_dir / f"{stack.name}-{content_hash[:HASH_CHARS]}.json"
     report.path = str(path)
     write_atomic(path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    _same_image_still(engine, image_ref, content_hash, image.id)
     record = load_record(build_dir, stack.name, content_hash)
+    record.attach_image(image.id)
     record.tests = "passed" if report.passed else "failed"
     record.static = "passed" if report.static_passed else "failed"
     if report.smoke is not None:
@@ -234,3 +237,17 @@ def validate(
     )
     save_record(build_dir, record)
     return report
+
+
+def _same_image_still(engine: Engine, image_ref: str, content_hash: str, tested: str) -> None:
+    """The tag names the image the checks ran on: another build folder on this engine (or a
+    prune) may have rebuilt or removed it meanwhile, and a verdict must not be recorded for an
+    image it was not given on."""
+    now = find_image(engine, image_ref, content_hash)
+    if now is None or now.id != tested:
+        became = "is gone" if now is None else f"now names {now.id[:19]}"
+        raise OperationFailed(
+            f"{image_ref} {became}, not the image {tested[:19]} that was tested (rebuilt or "
+            "removed during the test, by another build folder or a prune); nothing was "
+            "recorded: test it again"
+        )

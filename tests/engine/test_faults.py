@@ -37,6 +37,7 @@ import pytest
 from builder.image.names import HASH_CHARS, REPOSITORY, content_tag, local_ref, moving_ref
 from builder.render.context import render
 from builder.spec.resolve import resolve
+from tests.engine.conftest import unique
 from tests.test_faults import tool as start_tool
 
 pytestmark = pytest.mark.engine
@@ -164,7 +165,7 @@ def blob_stack(workspace: Path, api: Any, ci_mini: dict[str, str]) -> Iterator[t
     bytes in one layer, labelled as a build labels it. `push` takes it for the stack's image;
     a push of it lasts long enough to stop a registry in the middle, where building and
     pushing the real 3.6 GB image would take minutes."""
-    name = "ci-mini-faults"
+    name = unique("ci-mini-faults")  # another clone's run removes its own by id
     (workspace / "stacks" / f"{name}.yaml").write_text(
         "extends: ci-mini\nenv: {FAULTS_TEST: '1'}\n"
     )

@@ -1,0 +1,129 @@
+"""Two build folders (two users, or two clones) on one engine at once: each builds and tests
+its own stack of the same name, then both build the same content, all at the same moment.
+Neither sees the other's half-made state: each folder's record names the image its own
+content tag holds, each smoke served its own image, and no smoke container is left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder import REPO_ROOT
+from builder.image.names import local_ref, moving_ref
+from builder.image.records import load_record
+from builder.render.context import render
+from builder.spec.resolve import resolve
+from builder.verify.smoke import OWNER_LABEL
+from tests.engine.conftest import unique
+
+pytestmark = pytest.mark.engine
+
+STACK = unique("two-folders")
+
+
+def folder(root: Path, env_value: str) -> Path:
+    """A repository-shaped folder of its own (stacks/, build/) with STACK extending ci-mini."""
+    root.mkdir()
+    shutil.copytree(REPO_ROOT / "stacks", root / "stacks")
+    (root / "patches").symlink_to(REPO_ROOT / "patches")
+    (root / "build").mkdir()
+    (root / "build" / "wheels").symlink_to(REPO_ROOT / "build" / "wheels")
+    write_stack(root, env_value)
+    return root
+
+
+def write_stack(root: Path, env_value: str) -> str:
+    (root / "stacks" / f"{STACK}.yaml").write_text(
+        f"extends: ci-mini\nenv: {{TWO_FOLDERS: '{env_value}'}}\n"
+    )
+    return render(resolve(STACK, root / "stacks")).content_hash()
+
+
+def start(root: Path, ca_bundle: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "SM120_STACKS_CA_BUNDLE": str(ca_bundle)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "builder", *args],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def both(*processes: subprocess.Popen[str]) -> list[str]:
+    """Wait for each; every one must succeed. Their outputs, stdout and stderr together."""
+    outputs = []
+    for process in processes:
+        out, err = process.communicate(timeout=1200)
+        assert process.returncode == 0, out + err
+        outputs.append(out + err)
+    return outputs
+
+
+def image_of(api: Any, root: Path, content_hash: str) -> str:
+    """The image this folder's record names, checked against the tag it built."""
+    record = load_record(root / "build", STACK, content_hash)
+    tagged = api.images.get(local_ref(STACK, content_hash))
+    assert tagged.labels["sm120-stacks.content-hash"] == content_hash
+    assert record.image_id == tagged.id, "the record names the image under its content tag"
+    return str(record.image_id)
+
+
+@pytest.fixture
+def folders(
+    tmp_path: Path, api: Any, ci_mini: dict[str, str]
+) -> Iterator[tuple[Path, Path, list[str]]]:
+    hashes: list[str] = []
+    yield folder(tmp_path / "a", "a"), folder(tmp_path / "b", "b"), hashes
+    for content_hash in hashes:
+        with contextlib.suppress(Exception):
+            api.images.remove(local_ref(STACK, content_hash))
+    with contextlib.suppress(Exception):
+        api.images.remove(moving_ref(STACK))
+
+
+def test_two_folders_build_and_smoke_at_once(
+    folders: tuple[Path, Path, list[str]],
+    api: Any,
+    models: dict[str, Path],
+    proxy_ca: tuple[Path, str],
+) -> None:
+    a, b, hashes = folders
+    ca = proxy_ca[0]
+    hash_a = render(resolve(STACK, a / "stacks")).content_hash()
+    hash_b = render(resolve(STACK, b / "stacks")).content_hash()
+    assert hash_a != hash_b, "one stack name, two contents"
+    hashes += [hash_a, hash_b]
+
+    built = both(start(a, ca, "build", STACK), start(b, ca, "build", STACK))
+    assert f"{local_ref(STACK, hash_a)}" in built[0] and f"{local_ref(STACK, hash_b)}" in built[1]
+    image_a, image_b = image_of(api, a, hash_a), image_of(api, b, hash_b)
+    assert image_a != image_b
+
+    mount = f"{models['trained']}:/models/tiny"
+    tests = [start(root, ca, "test", STACK, "--mount", mount) for root in (a, b)]
+    owners = [f"{os.uname().nodename}:{process.pid}" for process in tests]
+    both(*tests)
+    for root, content_hash, image in ((a, hash_a, image_a), (b, hash_b, image_b)):
+        record = load_record(root / "build", STACK, content_hash)
+        assert (record.tests, record.smoke, record.image_id) == ("passed", "passed", image)
+        report = json.loads(Path(str(record.report)).read_text())
+        assert report["image"] == local_ref(STACK, content_hash), "its own image was served"
+    for owner in owners:
+        left = api.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner}"})
+        assert not left, f"smoke containers left behind: {[c.name for c in left]}"
+
+    # The same content in both folders, built at once: one image, and both records name it.
+    assert write_stack(b, "a") == hash_a
+    both(start(a, ca, "build", STACK), start(b, ca, "build", STACK))
+    assert image_of(api, a, hash_a) == image_of(api, b, hash_a)
