@@ -103,7 +103,8 @@ def deploy_all(
     def url(pin: Pin) -> str:
         return remote.server_url(pin, default)
 
-    gate: Gate = health_gate(url, timeout_s)
+    waiting = None if as_json else (lambda text: click.echo(text, err=True))
+    gate: Gate = health_gate(url, timeout_s, waiting)
     if smoke:
         report_dir = settings.build_dir / "fleet" / "smoke"
         gate = both(gate, smoke_gate(url, _stack_of(settings), report_dir, say))

@@ -22,6 +22,7 @@ from builder.cli.app import (
 from builder.errors import StackError
 from builder.image.cabundle import resolve_ca_bundle
 from builder.image.engine import Engine
+from builder.image.progress import Say
 from builder.spec.checkpoint import check_checkpoint
 from builder.spec.resolve import ResolvedStack
 from builder.verify import model_folder
@@ -79,6 +80,12 @@ def _row_detail(row: CacheRow) -> str:
     if row.kind == "cached-kernel":  # the shape is in the name already
         return row.detail.split("; ", 1)[-1][:80]
     return row.detail if row.kind == "not-precompiled" else row.detail[:80]
+
+
+def progress_lines(as_json: bool) -> Say | None:
+    """Where the health wait's and the soak's progress lines go: stderr, or nowhere when
+    --json asked for output a program reads."""
+    return None if as_json else lambda line: click.echo(line, err=True)
 
 
 #: `test --soak` and `smoke --soak`: the manifest's smoke.soak.seconds unless given.
@@ -215,7 +222,9 @@ def _smoke_runner(
                 soak_s,
                 report_dir / f"{stack.name}-soak",
                 log=lambda x: click.echo(x, err=True),
+                progress=progress_lines(as_json),
             ),
+            progress=progress_lines(as_json),
         )
         table = format_table(result)
         if as_json:
@@ -332,7 +341,9 @@ def smoke_command(
             path.with_name(path.stem.removesuffix("-smoke") + "-soak"),
             server_pid=server_pid,
             log=lambda line: click.echo(line, err=True),
+            progress=progress_lines(as_json),
         ),
+        progress=progress_lines(as_json),
     )
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))

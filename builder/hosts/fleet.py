@@ -25,6 +25,7 @@ from builder.hosts.deploy import apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
 from builder.image.engine import Container, Engine
+from builder.image.progress import Say, Throttle
 from builder.spec.resolve import ResolvedStack
 from builder.verify.smoke import run_smoke_url
 from builder.verify.smoke_report import Check
@@ -187,9 +188,12 @@ def _message(exc: BaseException) -> str:
 # --- gates -------------------------------------------------------------------------------------
 
 
-def health_gate(url_of: Callable[[Pin], str], timeout_s: float | None = None) -> Gate:
+def health_gate(
+    url_of: Callable[[Pin], str], timeout_s: float | None = None, progress: Say | None = None
+) -> Gate:
     """The server answers 2xx on the pin's health path through its URL, within the pin's start
-    period (or timeout_s); a container that stops or restarts meanwhile fails at once."""
+    period (or timeout_s); a container that stops or restarts meanwhile fails at once.
+    progress: every few seconds, how long the host has been waited for and its last log line."""
 
     def gate(pin: Pin, engine: Engine) -> GateResult:
         try:
@@ -199,10 +203,16 @@ def health_gate(url_of: Callable[[Pin], str], timeout_s: float | None = None) ->
         limit = timeout_s if timeout_s is not None else pin.health.start_period_s
         began = time.monotonic()
         last = "no answer yet"
+        waiting = Throttle(progress)
         while time.monotonic() - began < limit:
             container = engine.container(pin.container)
             if container is None:
                 return GateResult(False, f"{pin.container} is gone")
+            if waiting.due():
+                waiting.line(
+                    f"{pin.host}: waiting for {url}, {time.monotonic() - began:.0f} s of "
+                    f"{limit:.0f} s ({last}); the server last logged: {_last_logged(container)}"
+                )
             stopped = [d for d in state_drifts(container.attrs) if d.name in ("state", "restarts")]
             if stopped:
                 return GateResult(False, f"{pin.container} {stopped[0].detail}")
@@ -221,6 +231,15 @@ def health_gate(url_of: Callable[[Pin], str], timeout_s: float | None = None) ->
         return GateResult(False, f"no 2xx from {url} within {limit:.0f} s (last: {last})")
 
     return gate
+
+
+def _last_logged(container: Container) -> str:
+    try:
+        text = container.logs().decode("utf-8", errors="replace")
+    except EngineError as exc:
+        return f"(its log could not be read: {exc.explanation[:100]})"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "(nothing yet)"
 
 
 def smoke_gate(

@@ -40,6 +40,7 @@ from builder.files import write_atomic
 from builder.image import hostprobe
 from builder.image.engine import Container, ContainerSpec, Engine, Mount, PortBinding
 from builder.image.hostprobe import Probe
+from builder.image.progress import Say, Throttle
 from builder.spec.resolve import ResolvedStack
 from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import CompileFindings, find_compiles, smoke_environment
@@ -120,11 +121,13 @@ def run_smoke(
     log: Callable[[str], None] = print,
     after: AfterSmoke | None = None,
     kernel_cache: KernelCacheWatch | None = None,
+    progress: Say | None = None,
 ) -> SmokeReport:
     """Serve image_ref, judge its answers, write the JSON report and the server log; `after`
     (the soak) runs on the same server when the smoke passed so far. `kernel_cache` lists the
     server's disk cache of GPU-compiled kernels before the container starts and in it after the
-    requests, and says which kernels were hits and which misses."""
+    requests, and says which kernels were hits and which misses. `progress` hears, every few
+    seconds of the health wait, how long it has waited and what the server last logged."""
     smoke = stack.manifest.smoke
     report = SmokeReport(
         stack=stack.name,
@@ -141,7 +144,7 @@ def run_smoke(
     container = _start(engine, image_ref, stack, mounts, gpu, report, log)
     try:
         if container is not None:
-            server = _Server(container, stack, report, log)
+            server = _Server(container, stack, report, log, progress)
             if server.wait_ready():
                 server.exercise()
                 _run_after(server, after, container)
@@ -171,6 +174,7 @@ def run_smoke_url(
     model: str | None = None,
     kernel_cache: KernelCacheWatch | None = None,
     api_key: str | None = None,
+    progress: Say | None = None,
 ) -> SmokeReport:
     """The same judge for a server the tool did not start, already running at base_url.
     api_key: sent as `Authorization: Bearer KEY` with every chat request (never written to
@@ -182,7 +186,8 @@ def run_smoke_url(
     name the server serves, where it is not the manifest's (served_model_name or model id).
     kernel_cache: the server's cache directory on this machine, listed before the first request
     and after the last (a kernel compiled while the server started before the smoke shows as
-    a hit there, unless the log names its compile).
+    a hit there, unless the log names its compile). progress: as run_smoke's (the last line of
+    server_log, when one is given).
     """
     smoke = stack.manifest.smoke
     report = SmokeReport(
@@ -199,7 +204,7 @@ def run_smoke_url(
     if kernel_cache is not None:
         kernel_cache.before()
     try:
-        server = _UrlServer(base_url, stack, report, log, server_log)
+        server = _UrlServer(base_url, stack, report, log, server_log, progress)
         server.model = model or server.model
         if api_key:
             server.headers["Authorization"] = f"Bearer {api_key}"
@@ -308,10 +313,12 @@ class _Endpoint:
         stack: ResolvedStack,
         report: SmokeReport,
         log: Callable[[str], None],
+        progress: Say | None = None,
     ) -> None:
         self.stack = stack
         self.report = report
         self.log = log
+        self.progress = progress
         serve = stack.manifest.serve
         self.model = serve.served_model_name or serve.model.id
         self.base_url: str | None = None
@@ -325,7 +332,14 @@ class _Endpoint:
         """Poll /health until 200; a container that exits meanwhile died, it did not time out."""
         timeout = self.stack.manifest.smoke.health_timeout_s
         began = time.monotonic()
+        waiting = Throttle(self.progress)
         while time.monotonic() - began < timeout:
+            if waiting.due():
+                waited = time.monotonic() - began
+                waiting.line(
+                    f"smoke: waiting for /health, {waited:.0f} s of {timeout} s; the server last "
+                    f"logged: {self._last_log_line() or '(nothing yet)'}"
+                )
             if not self._running():
                 self._record_death("during startup")
                 return False
@@ -363,6 +377,11 @@ class _Endpoint:
         raise NotImplementedError
 
     def _url(self, path: str) -> str | None:
+        raise NotImplementedError
+
+    def _last_log_line(self) -> str:
+        """What the server logged last (a model loading, a kernel compiling): the health
+        wait's lines say it, so a 15-minute start is seen moving or seen stuck."""
         raise NotImplementedError
 
     def _healthy(self) -> bool:
@@ -480,8 +499,9 @@ class _Server(_Endpoint):
         stack: ResolvedStack,
         report: SmokeReport,
         log: Callable[[str], None],
+        progress: Say | None = None,
     ) -> None:
-        super().__init__(stack, report, log)
+        super().__init__(stack, report, log, progress)
         self.container = container
 
     def _running(self) -> bool:
@@ -513,6 +533,9 @@ class _Server(_Endpoint):
             self.base_url = f"http://127.0.0.1:{bound[0]['HostPort']}"
         return self.base_url + path
 
+    def _last_log_line(self) -> str:
+        return _last_line(_log_text(self.container).splitlines())
+
 
 class _UrlServer(_Endpoint):
     """A server the tool did not start: it runs while it answers HTTP at all (any status).
@@ -528,8 +551,9 @@ class _UrlServer(_Endpoint):
         report: SmokeReport,
         log: Callable[[str], None],
         server_log: Path | None,
+        progress: Say | None = None,
     ) -> None:
-        super().__init__(stack, report, log)
+        super().__init__(stack, report, log, progress)
         self.root = base_url.rstrip("/")
         self.base_url = self.root
         self.server_log = server_log
@@ -565,6 +589,11 @@ class _UrlServer(_Endpoint):
 
     def _url(self, path: str) -> str | None:
         return self.root + path
+
+    def _last_log_line(self) -> str:
+        if self.server_log is None:
+            return "(no server log given)"
+        return _last_line(_file_tail(self.server_log))
 
 
 # --- results -----------------------------------------------------------------------------------
@@ -631,6 +660,12 @@ def _driver_cache(container: Container) -> dict[str, Any] | None:
         return {"path": DRIVER_CACHE, "files": 0, "bytes": 0}
     size = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
     return {"path": DRIVER_CACHE, "files": int(words[0]), "bytes": size}
+
+
+def _last_line(lines: list[str]) -> str:
+    """The last line with text, cut to a line's width."""
+    text = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return text[:200]
 
 
 def _file_tail(path: Path | None) -> list[str]:

@@ -38,6 +38,7 @@ from typing import Any
 import requests
 
 from builder.files import write_atomic
+from builder.image.progress import Say, Throttle
 from builder.spec.resolve import ResolvedStack
 from builder.verify import soak_files
 from builder.verify.chat import stream_chat
@@ -77,6 +78,8 @@ LONG_PROMPT = (
     )
 )
 LONG_MAX_TOKENS = 128
+#: A progress line per this many seconds of soak (streams, tokens/s, TTFT, memory).
+PROGRESS_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -192,8 +195,12 @@ class _Soak:
         settings: SoakSettings,
         prompts: list[SoakPrompt],
         memory: MemoryProbe | None,
+        progress: Say | None = None,
     ) -> None:
         self.server = server
+        self.progress = Throttle(progress, PROGRESS_EVERY_S)
+        #: Tokens counted at the last progress line (its rate is over the interval since).
+        self.said_tokens = (0.0, 0)
         self.settings = settings
         self.prompts = prompts
         self.memory = memory
@@ -322,12 +329,38 @@ class _Soak:
                 next_memory = at + MEMORY_EVERY_S
                 if self.grew_too_much(at):
                     break
+            if self.progress.due():
+                self.progress.line(self.status(at))
             time.sleep(TICK_S)
         self.drain.set()
         self.abort.set()
         for thread in threads:
             thread.join(timeout=GRACE_S / max(1, len(threads)))
         self.ran_s = self.now()
+
+    def status(self, at: float) -> str:
+        """The progress line: the soak's streams, its rate since the last line, TTFT so far
+        (p50, p99 of the requests that have a first token) and the server's memory."""
+        with self.lock:
+            streams = len(self.open)
+            tokens = sum(bucket.tokens for bucket in self.buckets.values())
+            ttfts = sorted(r.first - r.opened for r in self.finished if r.first is not None)
+            ttfts += [r.first - r.opened for r in self.open if r.first is not None]
+        ttfts.sort()
+        since, counted = self.said_tokens
+        self.said_tokens = (at, tokens)
+        rate = (tokens - counted) / (at - since) if at > since else 0.0
+        memory = "not measured"
+        if self.memory_samples:
+            mb = self.memory_samples[-1][1]
+            grown = f" ({mb - self.baseline_mb:+.0f} MB)" if self.baseline_mb is not None else ""
+            memory = f"{mb:.0f} MB{grown}"
+        return (
+            f"soak: {at:.0f} s of {self.settings.seconds:.0f} s: {streams} streams open, "
+            f"{rate:.1f} tok/s, ttft p50 {_ms(_percentile(ttfts, 50))} "
+            f"p99 {_ms(_percentile(ttfts, 99))}, memory {memory}, "
+            f"{len(self.finished)} requests done"
+        )
 
     def stalled(self, at: float) -> bool:
         with self.lock:
@@ -375,10 +408,12 @@ def after_smoke(
     *,
     server_pid: int | None = None,
     log: Callable[[str], None] = print,
+    progress: Say | None = None,
 ) -> AfterSmoke | None:
     """The soak as the smoke's next step (`run_smoke(after=...)`), or None when it is not to
     run (0 seconds, the manifest's default unless `seconds` says otherwise). Memory is the
-    container's; for a server the tool did not start, that of server_pid's process tree."""
+    container's; for a server the tool did not start, that of server_pid's process tree.
+    progress: a line every PROGRESS_EVERY_S of the soak (streams, tokens/s, TTFT, memory)."""
     settings = SoakSettings.for_stack(stack, seconds)
     if settings.seconds <= 0:
         return None
@@ -393,7 +428,16 @@ def after_smoke(
             source = f"resident set of process {pid} and its children"
         else:
             source = "not measured (give --server-pid)"
-        run_soak(server, stack, settings, report_base, memory=memory, memory_source=source, log=log)
+        run_soak(
+            server,
+            stack,
+            settings,
+            report_base,
+            memory=memory,
+            memory_source=source,
+            log=log,
+            progress=progress,
+        )
 
     return soak
 
@@ -407,6 +451,7 @@ def run_soak(
     memory: MemoryProbe | None = None,
     memory_source: str = "not measured",
     log: Callable[[str], None] = print,
+    progress: Say | None = None,
 ) -> SoakResult:
     """Soak the server, add the soak's checks to its smoke report, write JSON, CSV and PNG
     (report_base + .json/.csv/.png)."""
@@ -414,7 +459,7 @@ def run_soak(
         f"soak: {settings.concurrency} streams for {settings.seconds:.0f} s against "
         f"{server.base_url} (stall after {settings.stall_s:g} s; memory: {memory_source})"
     )
-    soak = _Soak(server, settings, soak_prompts(stack), memory)
+    soak = _Soak(server, settings, soak_prompts(stack), memory, progress)
     soak.run()
     checks = _judge(soak, memory_source)
     summary = _summary(soak, memory_source)
@@ -575,6 +620,10 @@ def _percentile(ordered: list[float], pct: float) -> float | None:
         return None
     rank = max(1, math.ceil(pct / 100 * len(ordered)))
     return ordered[rank - 1]
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f} ms"
 
 
 def _r(value: float | None, digits: int = 4) -> float | None:

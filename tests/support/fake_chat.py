@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 @dataclass
@@ -32,6 +33,11 @@ class Behaviour:
     usage_tokens: int | None = None
     #: Send an error event after this many words.
     error_after: int | None = None
+    #: A slow start: /health answers 503 for this long after the server starts.
+    healthy_after_s: float = 0.0
+    #: Where the starting server logs a line every 0.2 s ("loading weights: shard N") until it
+    #: is healthy, then "ready" (a log the health wait's lines quote).
+    startup_log: Path | None = None
 
 
 #: What a question containing the key is answered, as the vLLM stacks' smoke expects.
@@ -48,6 +54,10 @@ class _Server(ThreadingHTTPServer):
     bodies: list[dict[str, object]]
     headers: list[dict[str, str]]
     lock: threading.Lock
+    started = 0.0
+
+    def healthy(self) -> bool:
+        return time.monotonic() - self.started >= self.behaviour.healthy_after_s
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # a client that hung up (the soak ending) is no error of the test
@@ -62,6 +72,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if self.path == "/health" and not self.server.healthy():
+            self._answer(503, b'{"status": "starting"}', "application/json")
+            return
         self._answer(200, b"{}", "application/json")
 
     def do_POST(self) -> None:
@@ -129,14 +142,30 @@ def fake_chat_server(behaviour: Behaviour) -> Iterator[_Server]:
     server.bodies = []
     server.headers = []
     server.lock = threading.Lock()
+    server.started = time.monotonic()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    if behaviour.startup_log is not None:
+        threading.Thread(
+            target=_log_startup, args=(server, behaviour.startup_log), daemon=True
+        ).start()
     try:
         yield server
     finally:
         server.closing = True
         server.shutdown()
         server.server_close()
+
+
+def _log_startup(server: _Server, log: Path) -> None:
+    with log.open("a") as out:
+        shard = 0
+        while not server.healthy() and not server.closing:
+            shard += 1
+            out.write(f"INFO loading weights: shard {shard}\n")
+            out.flush()
+            time.sleep(0.2)
+        out.write("INFO ready\n")
 
 
 def url_of(server: _Server) -> str:
