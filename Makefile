@@ -7,18 +7,21 @@ BIN := $(VENV)/bin
 CLI := $(BIN)/sm120-stacks
 STACK ?= ci-mini
 
-.PHONY: help venv host host-registry stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet arm64-emulated clean
+.PHONY: help venv host host-registry stack build render check docs docs-check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet bench-faults bench-tool-soak arm64-emulated clean
 
 help:
 	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml (MODELS=DIR: the host's model folder)"
 	@echo "make test               lint, typecheck and the whole test suite"
 	@echo "make render|check STACK=NAME, make golden (regenerate golden Dockerfiles)"
+	@echo "make docs               the generated tables of README.md and docs/ (make docs-check: stale?)"
 	@echo "make base-local         a Debian + Python base image made here (no registry needed)"
 	@echo "make base-cuda-local    a CUDA 13.0 devel base made here from NVIDIA's PyPI wheels"
 	@echo "make flagship-local STACK=vllm-0.33-b12x   a flagship on that base (hours on 2 cores)"
 	@echo "make bench-flagship STACK=vllm-0.33-b12x   its measurements (bench/RESULTS.md §4)"
 	@echo "make bench-cache        a fresh engine builds a ci-mini variant from the registry's cache (bench/RESULTS.md)"
 	@echo "make bench-fleet        two hosts (namespaces, sshd, dockerd): roll, rollback, drift (bench/RESULTS.md)"
+	@echo "make bench-faults       a private engine restarted mid-build/push/test, a full registry, a prune (bench/FAULTS.md)"
+	@echo "make bench-tool-soak    two build folders looping build..verify on the fleet, then leaks counted (bench/FAULTS.md)"
 	@echo "make arm64-emulated     ci-mini for linux/arm64 under qemu here: qemu/binfmt, arm64 bases, build, test (MEASURE=1: timed cold against amd64, bench/RESULTS.md)"
 
 $(VENV)/.installed: pyproject.toml
@@ -60,6 +63,14 @@ render: venv
 
 check: venv
 	$(CLI) check
+
+# The generated tables of README.md and docs/ (stacks, rules), from the manifests, the committed
+# evidence (bench/results/stack-evidence.yaml) and knowledge/rules.yaml.
+docs: venv
+	$(CLI) docs
+
+docs-check: venv
+	$(CLI) docs --check
 
 # templates/tools/ runs inside every image: the same lint and types as builder/.
 LINTED := builder tests bench templates/tools
@@ -107,6 +118,16 @@ bench-cache: venv host-registry base-cuda-local
 
 bench-fleet: venv host-registry base-cuda-local
 	bench/fleet.sh
+
+# The engine's own faults on an engine of its own (restarts mid-build, mid-push, mid-test; a
+# registry's disk full; a prune mid-test): bench/FAULTS.md, raw logs under bench/results/faults/.
+bench-faults: venv host base-cuda-local build/tiny-model
+	bench/engine-faults.sh
+
+# Two loops at once of change, build, test, push, pin, deploy, verify on the namespace fleet,
+# then every leak counted (LOOPS, LIMIT_S): bench/FAULTS.md, bench/results/tool-soak/.
+bench-tool-soak: venv host base-cuda-local build/tiny-model
+	bench/tool-soak.sh
 
 # ci-mini-arm64 built and tested on this amd64 machine under emulation (qemu-user-static through
 # binfmt_misc, which it installs and registers). Not part of `make test`: CI machines need not
