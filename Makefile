@@ -7,12 +7,13 @@ BIN := $(VENV)/bin
 CLI := $(BIN)/sm120-stacks
 STACK ?= ci-mini
 
-.PHONY: help venv host host-registry stack build render check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet bench-faults bench-tool-soak arm64-emulated clean
+.PHONY: help venv host host-registry stack build render check docs docs-check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet bench-faults bench-tool-soak arm64-emulated clean
 
 help:
 	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml (MODELS=DIR: the host's model folder)"
 	@echo "make test               lint, typecheck and the whole test suite"
 	@echo "make render|check STACK=NAME, make golden (regenerate golden Dockerfiles)"
+	@echo "make docs               the generated tables of README.md and docs/ (make docs-check: stale?)"
 	@echo "make base-local         a Debian + Python base image made here (no registry needed)"
 	@echo "make base-cuda-local    a CUDA 13.0 devel base made here from NVIDIA's PyPI wheels"
 	@echo "make flagship-local STACK=vllm-0.33-b12x   a flagship on that base (hours on 2 cores)"
@@ -62,6 +63,14 @@ render: venv
 
 check: venv
 	$(CLI) check
+
+# The generated tables of README.md and docs/ (stacks, rules), from the manifests, the committed
+# evidence (bench/results/stack-evidence.yaml) and knowledge/rules.yaml.
+docs: venv
+	$(CLI) docs
+
+docs-check: venv
+	$(CLI) docs --check
 
 # templates/tools/ runs inside every image: the same lint and types as builder/.
 LINTED := builder tests bench templates/tools
