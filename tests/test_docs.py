@@ -134,3 +134,30 @@ def test_the_commands_are_what_ci_runs() -> None:
     assert "make stack STACK=vllm-0.33-b12x" in readme and "\nmake test " in readme
     assert re.search(r"^make test$", (REPO_ROOT / ".ci" / "run").read_text(), flags=re.M)
     assert isinstance(cli, click.Group)
+
+
+def _newest_generation() -> str:
+    from builder.spec.resolve import resolve, stack_names
+
+    stacks = REPO_ROOT / "stacks"
+    versions = []
+    for name in stack_names(stacks):
+        vllm = resolve(name, stacks).manifest.python.packages.get("vllm")
+        if vllm is not None:
+            versions.append(tuple(int(part) for part in vllm.version.split(".")[:2]))
+    return "vllm-{}.{}-".format(*max(versions))
+
+
+def test_the_weekly_workflow_and_make_help_follow_the_current_generation() -> None:
+    """`.github/workflows/upstream.yml` proposes from the newest vLLM's stacks, and the Makefile's
+    examples name them (both named the 0.22 stacks long after 0.33 came)."""
+    workflow = (REPO_ROOT / ".github" / "workflows" / "upstream.yml").read_text()
+    flagships = re.search(r"^\s+FLAGSHIPS: (.+)$", workflow, flags=re.M)
+    assert flagships is not None
+    newest = _newest_generation()
+    for name in flagships.group(1).split():
+        assert (REPO_ROOT / "stacks" / f"{name}.yaml").is_file(), name
+        assert name.startswith(newest), name
+    help_text = (REPO_ROOT / "Makefile").read_text().split("\nhelp:", 1)[1].split("\n\n", 1)[0]
+    examples = re.findall(r"STACK=(vllm-[\w.-]+)", help_text)
+    assert examples and all(name.startswith(newest) for name in examples), examples
