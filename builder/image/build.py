@@ -325,12 +325,26 @@ def _run_build(
         ) from None
     if returncode != 0:
         failed = progress.tracker.failed
+        if failed is None and progress.tracker.current is not None:
+            raise BuildFailed(_engine_lost(stack, progress.tracker.current, tail, log_path))
         step = f"step {_short(failed[0])}: {_short(failed[1])}" if failed else "its first step"
         failure = BuildFailed(f"build of {stack} failed at {step}\n  log: {log_path}")
         base = unpullable_base(failed, tail)
         if base is not None:
             raise base_unavailable_error(stack, base, bases, log_path) from failure
         raise failure
+
+
+def _engine_lost(stack: str, step: str, tail: deque[str], log_path: Path) -> str:
+    """The client failed while no step had: the engine went away under the build (restarted,
+    stopped, its socket gone). No step is to blame, and a retry is what recovers."""
+    last = next((line for line in reversed(tail) if line.strip()), "no output")
+    return (
+        f"build of {stack} stopped during step {_short(step, 100)} with no step failing: the "
+        f"build client lost the engine (it said: {_short(last, 120)}); no image was tagged. "
+        f"Build again once the engine answers: the finished steps are in its build cache "
+        f"(log: {log_path})"
+    )
 
 
 def _logged_build(
