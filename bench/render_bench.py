@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,12 +43,19 @@ def pipeline(name: str, stacks_dir: Path) -> None:
 
 
 def timed(action: Callable[[], None], repeat: int) -> float:
-    runs = []
+    return timed_both(action, repeat)[0]
+
+
+def timed_both(action: Callable[[], None], repeat: int) -> tuple[float, float]:
+    """Median wall and CPU seconds of this process: on a shared machine the wall clock also
+    counts the other jobs' turns, the CPU time only this one's."""
+    walls, cpus = [], []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         action()
-        runs.append(time.perf_counter() - started)
-    return statistics.median(runs)
+        walls.append(time.perf_counter() - started)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def cold(name: str, stacks_dir: Path) -> None:
@@ -68,7 +76,14 @@ def warm(name: str, stacks_dir: Path) -> None:
 
 def list_seconds(tree: Path) -> float:
     """Wall seconds of one whole `sm120-stacks list` process run from tree's sources."""
+    return list_times(tree)[0]
+
+
+def list_times(tree: Path) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of one whole `sm120-stacks list` process run from
+    tree's sources."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "builder", "--stacks-dir", str(REAL), "list"],
@@ -77,17 +92,22 @@ def list_seconds(tree: Path) -> float:
         check=True,
         capture_output=True,
     )
-    return time.perf_counter() - began
+    wall = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def compare_list(against: Path, pairs: int) -> None:
     list_seconds(REPO_ROOT), list_seconds(against)  # warm-up: imports compiled, caches filled
-    runs = [(list_seconds(REPO_ROOT), list_seconds(against)) for _ in range(pairs)]
-    ours = statistics.median(a for a, _ in runs)
-    theirs = statistics.median(b for _, b in runs)
-    ratio = statistics.median(a / b for a, b in runs)
+    runs = [(list_times(REPO_ROOT), list_times(against)) for _ in range(pairs)]
+    ours = statistics.median(a[0] for a, _ in runs)
+    theirs = statistics.median(b[0] for _, b in runs)
+    ratio = statistics.median(a[0] / b[0] for a, b in runs)
+    ours_cpu = statistics.median(a[1] for a, _ in runs)
+    theirs_cpu = statistics.median(b[1] for _, b in runs)
     print(f"\n`list` of every stack, whole process, {pairs} pairs (median):")
     print(f"this tree {ours:.3f} s, {against} {theirs:.3f} s, ratio {ratio:.2f}x")
+    print(f"CPU: this tree {ours_cpu:.3f} s, {against} {theirs_cpu:.3f} s")
 
 
 def scratch_repo() -> Path:
@@ -131,13 +151,24 @@ def main() -> None:
     stacks_dir = root / "stacks"
     try:
         real = [n for n in stack_names(REAL) if not n.startswith("ci-mini")]
-        base = timed(lambda: [cold(n, stacks_dir) for n in real], args.repeat) / len(real)
-        print(f"real stacks ({len(real)}), cold: {base * 1e3:.2f} ms per stack (baseline 1.00x)")
-        hot = timed(lambda: [warm(n, stacks_dir) for n in real], args.repeat) / len(real)
-        print(f"real stacks ({len(real)}), warm: {hot * 1e3:.2f} ms per stack ({hot / base:.2f}x)")
-        started = time.perf_counter()
+        wall, cpu = timed_both(lambda: [cold(n, stacks_dir) for n in real], args.repeat)
+        base, base_cpu = wall / len(real), cpu / len(real)
+        print(
+            f"real stacks ({len(real)}), cold: {base * 1e3:.2f} ms per stack (baseline 1.00x; "
+            f"CPU {base_cpu * 1e3:.2f} ms)"
+        )
+        wall, cpu = timed_both(lambda: [warm(n, stacks_dir) for n in real], args.repeat)
+        hot, hot_cpu = wall / len(real), cpu / len(real)
+        print(
+            f"real stacks ({len(real)}), warm: {hot * 1e3:.2f} ms per stack ({hot / base:.2f}x; "
+            f"CPU {hot_cpu * 1e3:.2f} ms)"
+        )
+        started, began_cpu = time.perf_counter(), time.process_time()
         CliRunner().invoke(cli, ["--stacks-dir", str(REAL), "list"], catch_exceptions=False)
-        print(f"`list` of every stack, in process, warm: {time.perf_counter() - started:.3f} s")
+        print(
+            f"`list` of every stack, in process, warm: {time.perf_counter() - started:.3f} s "
+            f"(CPU {time.process_time() - began_cpu:.3f} s)"
+        )
         print("\n| stacks | total s | ms per stack | vs real stacks |\n|---|---|---|---|")
         names = generate_flat(stacks_dir, args.stacks)
         for count in (10, 100, args.stacks):

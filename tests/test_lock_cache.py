@@ -81,3 +81,21 @@ def test_an_unwritable_cache_costs_time_only(
     monkeypatch.setenv("SM120_STACKS_CACHE_DIR", str(blocker))  # a file: no folder under it
     lockfile._parsed_lock.cache_clear()
     assert lockfile.read_lock(LOCK).stack == "vllm-0.33-marlin"
+
+
+def test_the_cache_keeps_the_python_digest_of_those_bytes(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JIT cache id takes the locked set by its digest; a warm read takes it from the
+    cache, and it is the one the lock's own Python set gives; a changed copy gets its own."""
+    lock = tmp_path / "x.lock"
+    shutil.copy(LOCK, lock)
+    first = lockfile.read_lock(lock)
+    lockfile._parsed_lock.cache_clear()
+    from_cache = lockfile.read_lock(lock)
+    remembered = lockfile._python_digests[id(from_cache)][1]  # from the cache, not worked out
+    fresh = lockfile.Lock.model_validate(first.model_dump())
+    assert remembered == lockfile.python_digest(fresh) == lockfile.python_digest(first)
+    changed = fresh.python.model_copy(update={"version": "3.13"})
+    edited = from_cache.model_copy(update={"python": changed})
+    assert lockfile.python_digest(edited) != remembered

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
@@ -41,6 +42,8 @@ from builder.spec.strict import Strict
 from builder.spec.yamlsafe import MAX_BYTES, load_yaml
 
 LOCK_SCHEMA = 1
+#: What a parse cache file holds (_ParseCacheEntry); 1 was the bare lock.
+PARSE_CACHE_FORMAT = 2
 #: uv's target per manifest platform. manylinux_2_28 (glibc 2.28) is below every base we use
 #: (Debian 12: 2.36, Ubuntu 24.04: 2.39), so a wheel it picks always installs in the image.
 UV_PLATFORMS = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-manylinux_2_28"}
@@ -133,6 +136,30 @@ class Lock(Strict):
 
 
 # --- inputs ------------------------------------------------------------------------------------
+
+
+#: Digests of parsed locks' Python sets, by lock object (frozen, so its digest cannot move;
+#: a copy with changes is another object). The weak reference tells a reused id apart.
+_python_digests: dict[int, tuple[weakref.ref[Lock], str]] = {}
+
+
+def python_digest(lock: Lock) -> str:
+    """sha256 of the locked Python set (where its versions came from left out: a note, not an
+    input): what the JIT compile's objects are built against. Its canonical JSON is most of a
+    lock's 400 kB, so a lock read from its file takes the digest from the parse cache, where it
+    was worked out once for these very bytes."""
+    known = _python_digests.get(id(lock))
+    if known is not None and known[0]() is lock:
+        return known[1]
+    python = lock.python.model_dump(mode="json", exclude={"versions_from"})
+    digest = "sha256:" + hashlib.sha256(canonical_json(python).encode()).hexdigest()
+    _remember_python_digest(lock, digest)
+    return digest
+
+
+def _remember_python_digest(lock: Lock, digest: str) -> None:
+    key = id(lock)
+    _python_digests[key] = (weakref.ref(lock, lambda _: _python_digests.pop(key, None)), digest)
 
 
 def lock_path(stack: ResolvedStack) -> Path:
@@ -268,9 +295,12 @@ def _parsed_lock(path: Path, size: int, mtime_ns: int, inode: int) -> Lock:
     cached = _parse_cache_file(raw)
     if cached is not None:
         try:
-            return Lock.model_validate_json(cached.read_bytes())
+            entry = _ParseCacheEntry.model_validate_json(cached.read_bytes())
         except (OSError, ValueError):
             pass  # unreadable or from another version of the model: parse the YAML again
+        else:
+            _remember_python_digest(entry.lock, entry.python_digest)
+            return entry.lock
     lock = parse_document(load_yaml(path), Lock)
     if lock.locked_hash is not None and lock.locked_hash != lock.pinned_hash():
         raise StackError(
@@ -282,8 +312,16 @@ def _parsed_lock(path: Path, size: int, mtime_ns: int, inode: int) -> Lock:
         )
     if cached is not None:
         with contextlib.suppress(OSError):  # a cache that cannot be written costs time only
-            write_atomic(cached, lock.model_dump_json())
+            entry = _ParseCacheEntry(lock=lock, python_digest=python_digest(lock))
+            write_atomic(cached, entry.model_dump_json())
     return lock
+
+
+class _ParseCacheEntry(Strict):
+    """A parse cache file: the validated lock and what is slow to derive from it."""
+
+    python_digest: Hash
+    lock: Lock
 
 
 def _parse_cache_file(raw: bytes) -> Path | None:
@@ -301,7 +339,7 @@ def _parse_cache_file(raw: bytes) -> Path | None:
         except RuntimeError:  # no home directory
             return None
     digest = hashlib.sha256(raw).hexdigest()
-    return base / "parsed-locks" / f"v{LOCK_SCHEMA}-{digest}.json"
+    return base / "parsed-locks" / f"v{LOCK_SCHEMA}-c{PARSE_CACHE_FORMAT}-{digest}.json"
 
 
 def stale_reason(stack: ResolvedStack, lock: Lock) -> str | None:
@@ -361,10 +399,10 @@ def lock_requirements(lock: Lock, part: Literal["heavy", "packages"]) -> str:
         f"--index-url {py.index_url}",
         *(f"--extra-index-url {url}" for url in py.extra_index_urls),
     ]
+    # One join per package: a lock has thousands of hashes, and this runs at every render.
     for name, pin in sorted((py.heavy if part == "heavy" else py.packages).items()):
-        lines.append(f"{name}=={pin.version} \\")
-        lines.extend(f"    --hash={h} \\" for h in pin.hashes[:-1])
-        lines.append(f"    --hash={pin.hashes[-1]}")
+        hashes = " \\\n    --hash=".join(pin.hashes)
+        lines.append(f"{name}=={pin.version} \\\n    --hash={hashes}")
     return "\n".join(lines) + "\n"
 
 

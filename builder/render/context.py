@@ -22,7 +22,13 @@ import jinja2
 
 from builder import REPO_ROOT
 from builder.errors import StackError
-from builder.lock.lockfile import Lock, base_reference, current_lock, lock_requirements
+from builder.lock.lockfile import (
+    Lock,
+    base_reference,
+    current_lock,
+    lock_requirements,
+    python_digest,
+)
 from builder.render.digests import DigestCache
 from builder.spec.resolve import ResolvedStack, canonical_json, jit_module_table, local_wheels
 from builder.spec.serve import serve_argv
@@ -186,8 +192,9 @@ def compile_inputs_digest(
         "apt": apt,
         "toolchain_env": m.build.toolchain_env,
         "python": m.python.model_dump(mode="json"),
-        # Where the lock's versions came from is a note, not an input of the objects.
-        "lock": lock.python.model_dump(mode="json", exclude={"versions_from"}) if lock else None,
+        # The locked set by its digest (its JSON is most of a lock); where its versions came
+        # from is a note, not an input of the objects, and python_digest leaves it out.
+        "lock": python_digest(lock) if lock else None,
         "patches": [p.sha256 for p in m.patches],
     }
     return hashlib.sha256(canonical_json(inputs).encode()).hexdigest()[:12]

@@ -64,7 +64,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.5-120f-py3.12-93944402a3f6,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.5-120f-py3.12-5a9ada19fa3a,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.5/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     fused_moe_120 gemm_sm120 fp4_gemm_cutlass_sm120 fp4_quantization_120 batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_e4m3_dtype_o_bf16_dtype_idx_i32_head_dim_qk_256_head_dim_vo_256_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \

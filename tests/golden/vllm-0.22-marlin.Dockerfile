@@ -56,7 +56,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.12-c37cb6d07e09,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.12-295f8f66dd2a,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     fp4_gemm_cutlass_sm120 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \

@@ -56,7 +56,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="90a" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-90a-py3.12-c37cb6d07e09,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/90a,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-90a-py3.12-295f8f66dd2a,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/90a,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_64_head_dim_vo_64_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_64_head_dim_vo_64_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False_sm90 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \

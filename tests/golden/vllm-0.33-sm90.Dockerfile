@@ -56,7 +56,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="90a" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.7.2.post1-90a-py3.12-c036e87db87c,target=/opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/90a,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.7.2.post1-90a-py3.12-c8ce135d233d,target=/opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/90a,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \
