@@ -20,8 +20,10 @@ class CheckResult:
 
 #: What a JIT-table row is: a module the image precompiled (status hit, stale, miss,
 #: wrong-arch), a kernel family the manifest says is not precompiled (status not-precompiled),
-#: or one kernel the GPU smoke found in the server's disk cache (status hit, miss, removed).
-ROW_KINDS = ("module", "not-precompiled", "cached-kernel")
+#: one kernel the GPU smoke found in the server's disk cache (status hit, miss, removed), or a
+#: library without machine code for a GPU of the stack (verify/device_code.py: status
+#: driver-jit, no-code; not-scanned where its scan did not finish).
+ROW_KINDS = ("module", "not-precompiled", "cached-kernel", "driver-jit")
 
 
 @dataclass
@@ -45,6 +47,9 @@ class TestReport:
     jit_cache: list[CacheRow] = field(default_factory=list)
     smoke: dict[str, Any] | None = None
     smoke_skipped: str | None = None
+    #: The image's libraries read for device code (verify/device_code.py's scan); its findings
+    #: are the JIT table's driver-jit rows.
+    device_code: dict[str, Any] | None = None
     path: str = ""
 
     @property

@@ -1,4 +1,5 @@
-"""Image -> test report: static testinfra checks, the JIT-cache table, and the smoke prompt.
+"""Image -> test report: static testinfra checks, the JIT-cache table (with the libraries the
+CUDA driver would compile from PTX: verify/device_code.py), and the smoke prompt.
 
 The static checks run in a throwaway container of the image started with `sleep infinity` (the
 serve command would exit without a GPU and a model); testinfra reaches it with `docker exec`.
@@ -29,6 +30,7 @@ from builder.image.records import load_record, save_record
 from builder.lock.lockfile import Lock
 from builder.render.context import RenderedContext
 from builder.spec.resolve import ResolvedStack
+from builder.verify.device_code import device_code_finding
 from builder.verify.expectations import expectations
 from builder.verify.report import CacheRow, CheckResult, TestReport
 from builder.verify.served import served_verdict
@@ -216,6 +218,8 @@ def validate(
             engine, stack, image_ref, content_hash, rendered.lock, Path(scratch), proxy_ca
         )
     report.jit_cache = cache_table(engine, stack, image_ref)
+    report.device_code, driver_jit = device_code_finding(engine, stack, image_ref)
+    report.jit_cache += driver_jit
     if smoke is not None:
         add_smoke(report, smoke(image_ref, stack_dir))
     path = stack_dir / f"{stack.name}-{content_hash[:HASH_CHARS]}.json"
