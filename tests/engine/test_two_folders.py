@@ -117,7 +117,7 @@ def test_two_folders_build_and_smoke_at_once(
     for root, content_hash, image in ((a, hash_a, image_a), (b, hash_b, image_b)):
         record = load_record(root / "build", STACK, content_hash)
         assert (record.tests, record.smoke, record.image_id) == ("passed", "passed", image)
-        report = json.loads(Path(str(record.report)).read_text())
+        report = json.loads((root / str(record.report)).read_text())  # relative to root
         assert report["image"] == local_ref(STACK, content_hash), "its own image was served"
     for owner in owners:
         left = api.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner}"})
