@@ -3,6 +3,8 @@ build client, and a build that cannot pull its base, each fed what a real one pr
 
 from __future__ import annotations
 
+import os
+import subprocess
 import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -369,6 +371,53 @@ def test_a_later_candidate_is_tried_when_the_first_cannot_build(
     monkeypatch.setenv("PATH", str(new.parent))
     client = detect_build_client(candidates=("docker", str(old)))
     assert client.argv == (str(old), "build")
+
+
+def test_the_answer_is_kept_until_the_client_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgraded client (another file at that path) is asked again; a plugin folder that
+    changes too; no client found is not kept."""
+    memo = tmp_path / "build" / "cache" / "build-client.json"
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
+    docker = _fake_docker(tmp_path / "bin", buildx=False, version="20.10.24+dfsg1")
+    monkeypatch.setenv("PATH", str(docker.parent))
+    assert detect_build_client(candidates=("docker",), memo=memo).kind == "classic+buildkit"
+    kept = memo.read_text()
+    plugin = tmp_path / "docker-config" / "cli-plugins" / "docker-buildx"
+    plugin.parent.mkdir(parents=True)
+    plugin.write_text("")  # a buildx plugin installed: the answer is asked for again
+    detect_build_client(candidates=("docker",), memo=memo)
+    assert memo.read_text() != kept
+    _fake_docker(tmp_path / "bin", buildx=True, version="28.2.2")  # upgraded, with buildx
+    os.utime(docker, ns=(1, 1))
+    assert detect_build_client(candidates=("docker",), memo=memo).kind == "buildx"
+    docker.unlink()
+    with pytest.raises(ToolMissing):
+        detect_build_client(candidates=("docker",), memo=memo)
+
+
+def test_a_kept_answer_is_used_without_running_the_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memo = tmp_path / "build-client.json"
+    docker = _fake_docker(tmp_path / "bin", buildx=True, version="28.2.2")
+    monkeypatch.setenv("PATH", str(docker.parent))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
+    first = detect_build_client(candidates=("docker",), memo=memo)
+    calls: list[list[str]] = []
+    real_run = subprocess.run
+
+    def counting(argv: list[str], *args: Any, **kwargs: Any) -> Any:
+        calls.append(list(argv))
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counting)
+    assert detect_build_client(candidates=("docker",), memo=memo) == first
+    assert calls == []
+    memo.write_text("{not json")  # a damaged memo: asked again, never an error
+    assert detect_build_client(candidates=("docker",), memo=memo) == first
+    assert calls and calls[0][1:] == ["buildx", "version"]
 
 
 # --- a base image that cannot be pulled --------------------------------------------------------

@@ -21,7 +21,7 @@ from builder.errors import StackError
 from builder.image import uptodate
 from builder.image.build import BuildOptions, build_stack
 from builder.image.buildcache import CacheSettings, registry_cache
-from builder.image.buildclient import detect_build_client
+from builder.image.buildclient import detect_build_client, memo_path
 from builder.image.cabundle import resolve_ca_bundle
 from builder.image.distribute import pull_stack, push_stack, registry_has_current
 from builder.image.names import content_tag, moving_ref
@@ -150,7 +150,7 @@ def build(
             click.echo(f"pulled {ref} from {target.repository}")
             return
         click.echo(f"{target.repository} has no image of this content hash; building")
-    client = functools.cache(detect_build_client)
+    client = functools.cache(lambda: detect_build_client(memo=memo_path(settings.build_dir)))
     if cache_export and client().kind != "buildx":
         raise StackError(
             f"--cache-to-registry needs buildx; this machine builds with {client().describe()}",
@@ -216,7 +216,13 @@ def push(settings: Settings, stack: str, registry: str | None, force: bool) -> N
     layers.finish()
     record = load_record(settings.build_dir, stack, pushed.content_hash)
     artifacts = attach_evidence(
-        engine, target, resolved, rendered, record, pushed.digest_ref, detect_build_client().kind
+        engine,
+        target,
+        resolved,
+        rendered,
+        record,
+        pushed.digest_ref,
+        detect_build_client(memo=memo_path(settings.build_dir)).kind,
     )
     click.echo(pushed.digest_ref)
     for artifact in artifacts:
