@@ -39,6 +39,7 @@ from builder.spec.yamlsafe import load_yaml
 from builder.verify import report as reports
 from builder.verify.compiles import find_compiles
 from builder.verify.kernel_cache import (
+    CacheWatches,
     DirectoryWatch,
     Listing,
     classify,
@@ -533,13 +534,17 @@ def test_the_container_watch_lists_the_image_then_the_smoke_container(tmp_path: 
     assert engine.started and engine.started[0].removed
     export(workspace, DYNAMIC)
     watch.after(_SmokeContainer())  # type: ignore[arg-type]
-    result = watch.result(log_compiles(DYNAMIC))
+    results = watch.result(log_compiles(DYNAMIC))
+    result = results.cache(LAYOUT_ID)
     assert {r.name.split("/")[1]: r.status for r in result.kernels} == {
         STATIC: "hit",
         DYNAMIC: "miss",
     }
     assert result.where == f"container {workspace}/.cache/flashinfer"
     assert result.notes == []
+    tuned = results.cache("flashinfer_autotune")  # watched too, as its own kind: empty here
+    assert (tuned.log_kind, tuned.kernels, tuned.listed) == ("flashinfer_autotune", [], True)
+    assert tuned.where == f"container {workspace}/.cache/flashinfer/autotune"
 
 
 def test_the_in_image_listing_is_the_same_as_the_local_one(tmp_path: Path) -> None:
@@ -561,9 +566,9 @@ def test_a_stopped_smoke_container_is_a_note_not_a_lost_report(tmp_path: Path) -
     assert watch is not None
     watch.before()
     watch.after(_SmokeContainer(running=False))  # type: ignore[arg-type]
-    result = watch.result(None)
-    assert not result.listed and result.kernels == []
-    assert "the smoke's container had stopped" in result.notes[0]
+    for result in watch.result(None).results:
+        assert not result.listed and result.kernels == []
+        assert "the smoke's container had stopped" in result.notes[0]
 
 
 def test_only_stacks_whose_flashinfer_has_the_known_layout_are_watched() -> None:
@@ -571,7 +576,7 @@ def test_only_stacks_whose_flashinfer_has_the_known_layout_are_watched() -> None
     for name in ("vllm-0.22-b12x", "ci-mini"):  # FlashInfer 0.6.11.post2: in-memory only
         assert container_watch(engine, "i", resolve(name, STACKS)) is None  # type: ignore[arg-type]
     assert container_watch(engine, "i", resolve("vllm-0.33-marlin", STACKS)) is not None  # type: ignore[arg-type]
-    watch = directory_watch(resolve("vllm-0.22-b12x", STACKS), Path("/nonexistent"))
+    (watch,) = directory_watch(resolve("vllm-0.22-b12x", STACKS), Path("/nonexistent")).watches
     assert "the layout was read for ==0.7.2.post1" in watch.failures[0]
 
 
@@ -674,7 +679,9 @@ def test_smoke_url_lists_the_cache_directory_before_and_after_the_requests(
     assert result.exit_code == 0, result.output
     smoke = json.loads(report.read_text())
     assert smoke["passed"]
-    cache = smoke["kernel_cache"]
+    caches = {c["cache"]: c for c in smoke["kernel_cache"]["caches"]}
+    assert sorted(caches) == ["flashinfer_autotune", LAYOUT_ID]
+    cache = caches[LAYOUT_ID]
     assert cache["listed"] and cache["where"] == f"directory {volume}"
     assert {k["name"].split("/")[1]: k["status"] for k in cache["kernels"]} == {
         STATIC: "hit",
@@ -682,6 +689,7 @@ def test_smoke_url_lists_the_cache_directory_before_and_after_the_requests(
         DYNAMIC: "miss",
     }
     assert cache["counts"] == {"hit": 1, "miss": 2, "removed": 0, "listed": 0}
+    assert smoke["kernel_cache"]["counts"] == cache["counts"]  # the autotune store is empty
     assert cache["notes"] == []
     assert "1 hit, 2 miss, 0 removed" in result.output
 
@@ -769,8 +777,9 @@ def test_run_smoke_lists_the_image_then_its_own_container(tmp_path: Path) -> Non
         thread.join(timeout=60)
     assert report.passed, report.failed()
     assert serving.removed and engine.started[0].removed
-    cache = report.kernel_cache
-    assert cache is not None and cache["where"] == f"container {workspace}/.cache/flashinfer"
+    assert report.kernel_cache is not None
+    cache = {c["cache"]: c for c in report.kernel_cache["caches"]}[LAYOUT_ID]
+    assert cache["where"] == f"container {workspace}/.cache/flashinfer"
     assert {k["name"].split("/")[1]: k["status"] for k in cache["kernels"]} == {
         STATIC: "hit",
         MICRO: "miss",
@@ -787,7 +796,7 @@ def test_test_gives_its_gpu_smoke_the_container_watch(
     run_smoke a watch of the image's own workspace."""
     from builder.cli.verify import _smoke_runner
     from builder.verify import smoke as smoke_module
-    from builder.verify.kernel_cache import ContainerWatch
+    from builder.verify.kernel_cache import CacheWatches, ContainerWatch
 
     given: dict[str, Any] = {}
 
@@ -800,9 +809,13 @@ def test_test_gives_its_gpu_smoke_the_container_watch(
     runner = _smoke_runner(object(), b12x(), {}, require_gpu=True, as_json=True)  # type: ignore[arg-type]
     outcome = runner("sm120-stacks:vllm-0.33-b12x-0", tmp_path)
     assert isinstance(outcome, dict)
-    watch = given["kernel_cache"]
-    assert isinstance(watch, ContainerWatch) and watch.image_ref == "sm120-stacks:vllm-0.33-b12x-0"
-    assert watch.version == FI_VERSION
+    watches = given["kernel_cache"]
+    assert isinstance(watches, CacheWatches)
+    assert [w.cache_id for w in watches.watches] == [LAYOUT_ID, "flashinfer_autotune"]
+    for watch in watches.watches:
+        assert isinstance(watch, ContainerWatch)
+        assert watch.image_ref == "sm120-stacks:vllm-0.33-b12x-0"
+        assert watch.version == FI_VERSION
 
 
 # --- a judgement that fails is a note, not a lost report ---------------------------------------
@@ -842,12 +855,12 @@ def test_a_kernel_cache_judgement_that_raises_is_a_note_in_the_written_report(
             stack,
             report_path=tmp_path / "smoke.json",
             log=lines.append,
-            kernel_cache=watch,
+            kernel_cache=CacheWatches([watch]),
         )
     assert report.passed, report.failed()
     written = json.loads((tmp_path / "smoke.json").read_text())
     assert written["passed"] and written["checks"]
-    cache = written["kernel_cache"]
+    (cache,) = written["kernel_cache"]["caches"]
     assert not cache["judged"] and cache["kernels"] == []
     assert cache["notes"] == ["judging the listings failed: KeyError: 'size'"]
     assert f"{layout().title} (directory {workspace}): not judged" in lines[-1]

@@ -21,6 +21,7 @@ from builder.verify.kernel_cache import (
     classify,
     directory_watch,
     list_directory,
+    summary_lines,
 )
 from builder.verify.smoke import CHECK_JIT, SmokeReport, format_table, judge_compiles
 
@@ -413,11 +414,87 @@ def test_the_autotune_layout_lists_each_environment_of_the_store(tmp_path: Path)
     ]
 
 
-def test_the_smoke_still_watches_the_cute_dsl_cache_of_a_033_stack(tmp_path: Path) -> None:
-    """One watch per smoke, the first layout that applies: the autotune store is data only
-    until the watches list every layout (the report says what that needs)."""
+def test_a_033_smoke_watches_every_layout_each_as_its_own_kind(tmp_path: Path) -> None:
+    """One watch per layout that applies to FlashInfer 0.7.2.post1: the CuTe-DSL kernels and
+    the autotune store, each judged against its own kind's log lines. An op tuned into an
+    environment kept from an earlier start is a miss there (its entries/ are listed)."""
+    import os
+
     from builder.spec.resolve import resolve
     from tests.conftest import STACKS
 
-    watch = directory_watch(resolve("vllm-0.33-b12x", STACKS), tmp_path)
-    assert watch.cache_id == "flashinfer_cute_dsl"
+    volume = tmp_path / "flashinfer"  # FLASHINFER_WORKSPACE_BASE of the server
+    store = volume / ".cache" / "flashinfer" / "autotune"
+    env = _tuned(store, "0123456789abcdef", ["a" * 24])
+    old_entry = env / "entries" / f"{'a' * 24}.json"
+    os.utime(old_entry, ns=(1, 1))
+    ops = volume / ".cache" / "flashinfer" / "0.7.2.post1" / "120f" / "cached_ops"
+    kernel_dir = ops / "b12x_moe_sm120a_cute_dsl"
+    kernel_dir.mkdir(parents=True)
+    watches = directory_watch(resolve("vllm-0.33-b12x", STACKS), volume)
+    assert [w.cache_id for w in watches.watches] == ["flashinfer_cute_dsl", "flashinfer_autotune"]
+    watches.before()
+    kernel = "micro_m1_k4096_n1024_t8_r128_0123456789abcdef"
+    (kernel_dir / f"{kernel}.o").write_bytes(b"\x7fELF")
+    (env / "entries" / f"{'b' * 24}.json").write_text("{}")  # fp4_gemm tuned now
+    watches.after(None)
+    log = (
+        FI_LOG.format(where="cute_dsl_core.py:177")
+        + f"Compiling CuTe-DSL kernel b12x_moe_sm120a_cute_dsl/{kernel}\n"
+        + TUNING.split("\r")[0]
+        + "\n"
+    )
+    results = watches.result(find_compiles(log).to_json())
+    dsl, tuned = results.cache("flashinfer_cute_dsl"), results.cache("flashinfer_autotune")
+    assert (dsl.log_kind, tuned.log_kind) == ("cute_dsl", "flashinfer_autotune")
+    assert [(k.name, k.status) for k in dsl.kernels] == [
+        (f"b12x_moe_sm120a_cute_dsl/{kernel}", "miss")
+    ]
+    assert [(k.name, k.status) for k in tuned.kernels] == [
+        (f"0123456789abcdef/{'a' * 24}", "hit"),
+        (f"0123456789abcdef/{'b' * 24}", "miss"),
+    ]
+    assert tuned.kernels[1].path == str(env / "entries" / f"{'b' * 24}.json")
+    assert tuned.kernels[1].detail.startswith("one tuned op's configuration; tuned during")
+    assert dsl.notes == [] and tuned.notes == []
+    data = results.to_json()
+    assert data["counts"] == {"hit": 1, "miss": 2, "removed": 0, "listed": 0}
+    lines = summary_lines(data)
+    assert any("(a miss: tuned at serve" in line for line in lines)
+    assert any("(a miss: compiled at serve" in line for line in lines)
+
+
+def test_the_autotune_store_is_found_where_vllm_points_it(tmp_path: Path) -> None:
+    """VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR names the store itself: in the server's environment it
+    wins over FLASHINFER_WORKSPACE_BASE (the listing runs as `python -c` there)."""
+    import os
+    import subprocess
+    import sys
+
+    from builder.verify.kernel_cache import Listing, listing_command
+
+    layout = cache_layouts()["flashinfer_autotune"]
+    pointed = tmp_path / "volume" / "autotune"
+    _tuned(pointed, "0123456789abcdef", ["c" * 24])
+    env = {
+        **os.environ,
+        "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "elsewhere"),
+        "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(pointed),
+    }
+    argv = listing_command(layout, python=sys.executable)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    listing = Listing.from_json(json.loads(done.stdout))
+    assert listing.root == str(pointed)
+    assert list(listing.kernels(layout)) == [
+        str(pointed / "v2" / "0123456789abcdef" / "entries" / f"{'c' * 24}.json")
+    ]
+    env.pop("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    fallback = str(tmp_path / "elsewhere" / ".cache" / "flashinfer" / "autotune")
+    assert json.loads(done.stdout)["root"] == fallback
+
+
+def test_every_cache_layout_names_a_known_compile_kind() -> None:
+    kinds = compile_kinds()
+    for cache_id, layout in cache_layouts().items():
+        assert layout.log_kind in kinds, f"{cache_id}: log_kind {layout.log_kind} is no kind"

@@ -110,6 +110,8 @@ class _Workspace(Strict):
     env: str
     default: str
     below: str = ""
+    #: Variables that name the cache's root itself, tried in order before `env`.
+    direct: list[str] = Field(default_factory=list)
 
 
 class _OpsDir(Strict):
@@ -141,10 +143,21 @@ class CacheLayout(Strict):
     ops_dir: _OpsDir
     #: Groups `module` and `arch`.
     module_dir: ModuleDirRegex
+    #: The folder of a module folder that holds its kernel files ("" : the module folder).
+    kernel_dir: str = ""
     #: Group `kernel`.
     kernel_file: KernelFileRegex
+    #: What one kernel file is, for a layout without `families` to parse its names.
+    kernel_title: str = ""
     meta_file: _MetaFile
-    log_name: str
+    #: The runtime-compile kind (knowledge/runtime_compiles.yaml) whose log lines are this
+    #: cache's compiles: a watch holds them against its listing.
+    log_kind: str
+    #: How the log names one kernel file ({module_dir}/{kernel}); None where its lines name
+    #: something else (the autotuner names ops): only counted then, never matched.
+    log_name: str | None = None
+    #: The word for what a miss did: compiled, tuned.
+    verb: str = "compiled"
     notes: str = ""
     evidence: list[str] = Field(default_factory=list)
     families: dict[str, KernelFamily] = Field(default_factory=dict)
@@ -156,11 +169,13 @@ class CacheLayout(Strict):
         """The argument of cache_listing.py: a root given, or the server's own workspace."""
         return {
             "root": root or "",
+            "root_direct": self.workspace.direct,
             "root_env": self.workspace.env,
             "root_default": self.workspace.default,
             "root_below": self.workspace.below,
             "ops_dir": self.ops_dir.name,
             "module_dir": self.module_dir,
+            "kernel_dir": self.kernel_dir,
             "kernel_file": self.kernel_file,
             "meta_file": self.meta_file.name,
         }

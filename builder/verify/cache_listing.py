@@ -2,10 +2,12 @@
 runs here on a directory of this machine and, as `python -c`, inside a container of an image.
 
 It knows no layout: the one argument is a JSON object (builder/verify/kernel_cache.py builds it
-from knowledge/runtime_caches.yaml) with the root (or the variable naming it, its default and
-the path below it), the name of the folder that holds module folders, and regexes for a module
-folder's name and a kernel file's name. It prints one JSON object: each module folder found with
-its meta file's content, and each kernel file with its size and mtime in nanoseconds.
+from knowledge/runtime_caches.yaml) with the root (or the variables naming it: ones that name it
+itself, else one with its default and the path below it), the name of the folder that holds
+module folders, regexes for a module folder's name and a kernel file's name, and the folder of a
+module that holds its kernel files where the layout has one (entries/). It prints one JSON
+object: each module folder found with its meta file's content, and each kernel file with its
+size and mtime in nanoseconds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 def list_cache(config: dict[str, Any]) -> dict[str, Any]:
     root = config.get("root") or ""
+    for name in config.get("root_direct") or []:  # variables that name the root itself
+        root = root or os.environ.get(name, "")
     if not root:
         base = os.environ.get(config.get("root_env") or "", "") or config.get("root_default", "~")
         root = os.path.join(os.path.expanduser(base), config.get("root_below", ""))
@@ -39,7 +43,9 @@ def list_cache(config: dict[str, Any]) -> dict[str, Any]:
         for name in names:
             path = os.path.join(ops, name)
             if module_re.match(name) and os.path.isdir(path) and not os.path.islink(path):
-                listing["modules"].append(_module(path, config["meta_file"], kernel_re, errors))
+                kernel_dir = config.get("kernel_dir") or ""
+                module = _module(path, config["meta_file"], kernel_dir, kernel_re, errors)
+                listing["modules"].append(module)
     listing["errors"] = errors
     return listing
 
@@ -58,8 +64,12 @@ def _ops_dirs(root: str, ops_name: str, max_depth: int, errors: list[str]) -> li
     return sorted(found)
 
 
-def _module(path: str, meta_name: str, kernel_re: re.Pattern[str], errors: list[str]) -> Any:
+def _module(
+    path: str, meta_name: str, kernel_dir: str, kernel_re: re.Pattern[str], errors: list[str]
+) -> Any:
+    """A module folder: its meta file, and each kernel file in it (or in its kernel_dir)."""
     module: dict[str, Any] = {"path": path, "meta": None, "meta_mtime_ns": None, "kernels": []}
+    module["kernel_dir"] = kernel_dir
     meta_path = os.path.join(path, meta_name)
     try:
         with open(meta_path) as meta:
@@ -70,7 +80,9 @@ def _module(path: str, meta_name: str, kernel_re: re.Pattern[str], errors: list[
     except (OSError, ValueError) as exc:
         module["meta"] = {"unreadable": str(exc)[:200]}
     try:
-        entries = sorted(os.scandir(path), key=lambda e: e.name)
+        entries = sorted(os.scandir(os.path.join(path, kernel_dir)), key=lambda e: e.name)
+    except FileNotFoundError:
+        return module  # no kernel folder yet: a module with nothing in it
     except OSError as exc:
         errors.append(f"{path}: {exc}")
         return module

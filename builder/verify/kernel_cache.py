@@ -9,11 +9,14 @@ serve, now persisted), one gone after it is `removed` (its module was invalidate
 not compiled again). A miss is no failure: it is what a first start on an empty volume does.
 
 Where the cache lies and how its files are named is version knowledge
-(knowledge/runtime_caches.yaml). The listing itself (cache_listing.py) runs on a directory of
+(knowledge/runtime_caches.yaml); a smoke watches every layout there that applies to the stack's
+pinned versions (FlashInfer 0.7's CuTe-DSL kernels and its autotune results), each reported as
+its own kind. The listing itself (cache_listing.py) runs on a directory of
 this machine (`smoke --url … --jit-cache-dir PATH`) or inside the container being tested
 (`test --require-gpu`: before, in a throwaway container of the image; after, in the smoke's own
-container before it is removed). The server log's compile lines (verify.compiles, kind
-cute_dsl) are held against the listing; where they disagree the result says so in a note.
+container before it is removed). The server log's lines of the layout's kind (verify.compiles:
+cute_dsl, flashinfer_autotune) are held against the listing; where they disagree the result
+says so in a note.
 """
 
 from __future__ import annotations
@@ -39,8 +42,6 @@ from builder.spec.runtime_caches import (
 )
 from builder.verify import cache_listing
 
-#: The compile-log kind whose lines name these kernels (knowledge/runtime_compiles.yaml).
-LOG_KIND = "cute_dsl"
 STATUSES = ("hit", "miss", "removed", "listed")
 
 
@@ -98,10 +99,14 @@ class KernelFile:
     kernel: str
     size: int
     mtime_ns: int
+    #: The file's name, in the module folder or its kernel folder (kernel_dir).
+    file: str = ""
+    kernel_dir: str = ""
 
     @property
     def path(self) -> str:
-        return f"{self.module_path}/{self.kernel}.o"
+        folder = f"{self.module_path}/{self.kernel_dir}" if self.kernel_dir else self.module_path
+        return f"{folder}/{self.file or self.kernel + '.o'}"
 
 
 @dataclass
@@ -132,6 +137,8 @@ class Listing:
                     match.group("kernel"),
                     int(item["size"]),
                     int(item["mtime_ns"]),
+                    item["file"],
+                    module.get("kernel_dir") or "",
                 )
                 files[kernel.path] = kernel
         return files
@@ -172,6 +179,8 @@ class KernelRow:
 class KernelCacheResult:
     cache: str
     title: str
+    #: The runtime-compile kind this cache's kernels are (knowledge/runtime_compiles.yaml).
+    log_kind: str
     #: What was listed: "container PATH" or "directory PATH".
     where: str
     listed: bool
@@ -181,6 +190,8 @@ class KernelCacheResult:
     notes: list[str] = field(default_factory=list)
     #: False when judging the listings raised (the notes say why): no kernel rows.
     judged: bool = True
+    #: What a miss did: compiled, tuned.
+    verb: str = "compiled"
 
     @property
     def counts(self) -> dict[str, int]:
@@ -205,7 +216,9 @@ def classify(
     """Hit, miss or removed per kernel from the listings before and after the smoke, checked
     against the compile lines of the server log (runtime_compiles: verify.compiles' JSON; None
     when no log was read)."""
-    result = KernelCacheResult(cache_id, layout.title, where, listed=after is not None)
+    result = KernelCacheResult(
+        cache_id, layout.title, layout.log_kind, where, listed=after is not None, verb=layout.verb
+    )
     if after is None:
         result.notes.append("the cache was not listed after the smoke: no hit or miss is known")
         return result
@@ -224,7 +237,7 @@ def classify(
         )
     old_meta = before.metas() if before else {}
     new_meta = after.metas()
-    compiled, loaded = _log_names(runtime_compiles)
+    compiled, loaded = _log_names(runtime_compiles, layout)
     for path in sorted(old.keys() | new.keys()):
         kernel = new.get(path) or old[path]
         name = f"{kernel.module_dir}/{kernel.kernel}"
@@ -232,6 +245,8 @@ def classify(
         status, detail = _status(
             old.get(path), new.get(path), before is not None, name, compiled, loaded
         )
+        detail = detail.replace("compiled", layout.verb)
+        described = parsed.describe() if layout.families else layout.kernel_title
         meta_moved = (
             before is not None
             and kernel.module_path in old_meta
@@ -248,7 +263,7 @@ def classify(
                 shape=parsed.key(),
                 bytes=kernel.size,
                 status=status,
-                detail=f"{parsed.describe()}; {detail}",
+                detail=f"{described}; {detail}",
                 path=kernel.path,
             )
         )
@@ -256,7 +271,10 @@ def classify(
         result.modules.append(
             {"path": path, "meta_before": old_meta.get(path), "meta_after": new_meta.get(path)}
         )
-    result.notes += _disagreements(result, new, runtime_compiles, compiled)
+    if layout.log_name is None:
+        result.notes += _count_disagreement(result, layout, runtime_compiles)
+    else:
+        result.notes += _disagreements(result, layout, new, runtime_compiles, compiled)
     return result
 
 
@@ -308,13 +326,16 @@ def _of_version(
     return kept
 
 
-def _log_names(runtime_compiles: dict[str, Any] | None) -> tuple[set[str], set[str]]:
-    """Kernel names (module folder/kernel) the log's CuTe-DSL compile and load lines give."""
+def _log_names(
+    runtime_compiles: dict[str, Any] | None, layout: CacheLayout
+) -> tuple[set[str], set[str]]:
+    """Kernel names (module folder/kernel) the log's compile and load lines of the layout's
+    kind give; none where its lines name no file (log_name unset)."""
     compiled: set[str] = set()
     loaded: set[str] = set()
-    for event in (runtime_compiles or {}).get("events", []):
+    for event in (runtime_compiles or {}).get("events", []) if layout.log_name else []:
         name = event.get("name") or ""
-        if event.get("kind") != LOG_KIND or "/" not in name:
+        if event.get("kind") != layout.log_kind or "/" not in name:
             continue
         if event.get("event") == "compile":
             compiled.add(name)
@@ -323,8 +344,31 @@ def _log_names(runtime_compiles: dict[str, Any] | None) -> tuple[set[str], set[s
     return compiled, loaded
 
 
+def _count_disagreement(
+    result: KernelCacheResult, layout: CacheLayout, runtime_compiles: dict[str, Any] | None
+) -> list[str]:
+    """For a cache whose log lines name no file: the log's work of its kind against what was
+    written (the autotuner names ops, its entries are digests)."""
+    if runtime_compiles is None:
+        return ["no server log read: hits and misses are the listing's alone"]
+    worked = sum(
+        1
+        for e in runtime_compiles.get("events", [])
+        if e.get("kind") == layout.log_kind and e.get("event") in ("compile", "autotune")
+    )
+    written = sum(1 for k in result.kernels if k.status in ("miss", "listed"))
+    if worked and not written:
+        return [
+            f"the server log shows {worked} {layout.log_kind} line(s) of work but nothing was "
+            "written to this cache: it is kept elsewhere (another layout, or a variable "
+            "pointing away from the listed root)"
+        ]
+    return []
+
+
 def _disagreements(
     result: KernelCacheResult,
+    layout: CacheLayout,
     after: dict[str, KernelFile],
     runtime_compiles: dict[str, Any] | None,
     compiled: set[str],
@@ -353,7 +397,7 @@ def _disagreements(
     dsl_only = sum(
         1
         for e in runtime_compiles.get("events", [])
-        if e.get("kind") == LOG_KIND
+        if e.get("kind") == layout.log_kind
         and e.get("event") == "compile"
         and "/" not in (e.get("name") or "")
     )
@@ -374,9 +418,11 @@ def summary_lines(
     cache: dict[str, Any] | None, indent: str = "  ", kernels: bool = True
 ) -> list[str]:
     """A result's JSON for people: counts, one line per kernel (unless a table shows them),
-    the notes (the smoke's table and `test`'s)."""
+    the notes (the smoke's table and `test`'s); of each cache, where the JSON holds several."""
     if cache is None:
         return []
+    if "caches" in cache:
+        return [line for one in cache["caches"] for line in summary_lines(one, indent, kernels)]
     counts = cache.get("counts", {})
     head = f"{indent}{cache['title']} ({cache['where']}): "
     if not cache.get("judged", True):
@@ -389,7 +435,8 @@ def summary_lines(
         summary = ", ".join(f"{counts.get(s, 0)} {s}" for s in ("hit", "miss", "removed"))
         if counts.get("listed"):
             summary += f", {counts['listed']} listed"
-        lines = [head + summary + " (a miss: compiled at serve, now persisted; no failure)"]
+        verb = cache.get("verb", "compiled")
+        lines = [head + summary + f" (a miss: {verb} at serve, now persisted; no failure)"]
         for row in cache["kernels"] if kernels else []:
             size = f"{row['bytes'] / 1e6:.1f} MB"
             lines.append(f"{indent}  {row['status']:<8} {row['name']}  {size}  {row['detail']}")
@@ -442,10 +489,12 @@ class KernelCacheWatch:
         return KernelCacheResult(
             self.cache_id,
             self.layout.title,
+            self.layout.log_kind,
             where,
             listed=self.after_listing is not None,
             notes=[*self.failures, note],
             judged=False,
+            verb=self.layout.verb,
         )
 
     def _list(self, container: Container | None) -> Listing:
@@ -542,38 +591,97 @@ def _parse(output: str) -> Listing:
     return Listing.from_json(json.loads(lines[-1]))
 
 
+@dataclass
+class KernelCacheResults:
+    """The smoke's watch of every cache that applies: one result per layout."""
+
+    results: list[KernelCacheResult]
+
+    def cache(self, cache_id: str) -> KernelCacheResult:
+        return next(r for r in self.results if r.cache == cache_id)
+
+    def to_json(self) -> dict[str, Any]:
+        caches = [r.to_json() for r in self.results]
+        counts = {s: sum(c["counts"][s] for c in caches) for s in STATUSES}
+        return {"caches": caches, "counts": counts}
+
+
+class CacheWatches:
+    """Every layout's watch for one smoke, listed and judged one by one: a layout whose judgement
+    raises is a note in its own result, the others' results stand."""
+
+    def __init__(self, watches: list[KernelCacheWatch]):
+        self.watches = watches
+
+    def before(self) -> None:
+        for watch in self.watches:
+            watch.before()
+
+    def after(self, container: Container | None = None) -> None:
+        for watch in self.watches:
+            watch.after(container)
+
+    def result(self, runtime_compiles: dict[str, Any] | None) -> KernelCacheResults:
+        results = []
+        for watch in self.watches:
+            try:
+                results.append(watch.result(runtime_compiles))
+            except Exception as exc:
+                results.append(watch.failed_result(exc))
+        return KernelCacheResults(results)
+
+    def failed_result(self, exc: BaseException) -> KernelCacheResults:
+        return KernelCacheResults([watch.failed_result(exc) for watch in self.watches])
+
+    def watch(self, cache_id: str) -> KernelCacheWatch:
+        return next(w for w in self.watches if w.cache_id == cache_id)
+
+
+def _applying(stack: ResolvedStack) -> list[tuple[str, CacheLayout, str]]:
+    """Every layout whose package version the stack pins and whose versions hold it."""
+    return [
+        (cache_id, layout, version)
+        for cache_id, layout, version in layouts_for(stack)
+        if version is not None and layout.applies_to(version)
+    ]
+
+
 def container_watch(
     engine: Engine, image_ref: str, stack: ResolvedStack, exec_in: ExecIn = docker_exec
-) -> KernelCacheWatch | None:
-    """The watch for `test`'s GPU smoke: the first layout the stack's package version has;
-    None when none (a stack whose FlashInfer keeps no such cache, or one nobody read)."""
-    for cache_id, layout, version in layouts_for(stack):
-        if version is not None and layout.applies_to(version):
-            return ContainerWatch(cache_id, layout, version, engine, image_ref, exec_in)
-    return None
+) -> CacheWatches | None:
+    """The watch for `test`'s GPU smoke: every layout the stack's package versions have; None
+    when none (a stack whose FlashInfer keeps no such cache, or one nobody read)."""
+    watches: list[KernelCacheWatch] = [
+        ContainerWatch(cache_id, layout, version, engine, image_ref, exec_in)
+        for cache_id, layout, version in _applying(stack)
+    ]
+    return CacheWatches(watches) if watches else None
 
 
-def directory_watch(stack: ResolvedStack, root: Path) -> KernelCacheWatch:
-    """The watch for `smoke --url --jit-cache-dir PATH`. A stack whose package version has no
-    known layout is still listed with the nearest one, and says so."""
+def directory_watch(stack: ResolvedStack, root: Path) -> CacheWatches:
+    """The watch for `smoke --url --jit-cache-dir PATH`: every layout that applies, each
+    listed under PATH. A stack whose package version has no known layout is still listed with
+    the nearest one, and says so."""
+    applying = _applying(stack)
+    if applying:
+        return CacheWatches([DirectoryWatch(c, lay, v, root) for c, lay, v in applying])
     layouts = layouts_for(stack) or [(n, lay, None) for n, lay in cache_layouts().items()]
-    for cache_id, layout, version in layouts:
-        if version is not None and layout.applies_to(version):
-            return DirectoryWatch(cache_id, layout, version, root)
     cache_id, layout, version = layouts[0]
     watch = DirectoryWatch(cache_id, layout, None, root)
     watch.failures.append(
         f"{stack.name} has {layout.package} {version or '(not pinned)'}; the layout was read for "
         f"{layout.versions} (knowledge/runtime_caches.yaml): the listing may miss its kernels"
     )
-    return watch
+    return CacheWatches([watch])
 
 
 __all__ = [
     "CacheLayout",
+    "CacheWatches",
     "ContainerWatch",
     "DirectoryWatch",
     "KernelCacheResult",
+    "KernelCacheResults",
     "KernelCacheWatch",
     "KernelName",
     "KernelRow",

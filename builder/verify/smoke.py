@@ -45,7 +45,7 @@ from builder.spec.resolve import ResolvedStack
 from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import CompileFindings, find_compiles, smoke_environment
 from builder.verify.garbage import answer_matches, garbage_reasons
-from builder.verify.kernel_cache import KernelCacheWatch
+from builder.verify.kernel_cache import CacheWatches
 from builder.verify.smoke_report import (
     CHECK_ANSWER,
     CHECK_BATCHED,
@@ -120,7 +120,7 @@ def run_smoke(
     report_path: Path,
     log: Callable[[str], None] = print,
     after: AfterSmoke | None = None,
-    kernel_cache: KernelCacheWatch | None = None,
+    kernel_cache: CacheWatches | None = None,
     progress: Say | None = None,
 ) -> SmokeReport:
     """Serve image_ref, judge its answers, write the JSON report and the server log; `after`
@@ -172,7 +172,7 @@ def run_smoke_url(
     log: Callable[[str], None] = print,
     after: AfterSmoke | None = None,
     model: str | None = None,
-    kernel_cache: KernelCacheWatch | None = None,
+    kernel_cache: CacheWatches | None = None,
     api_key: str | None = None,
     progress: Say | None = None,
 ) -> SmokeReport:
@@ -634,7 +634,7 @@ def judge_compiles(report: SmokeReport, text: str) -> CompileFindings:
     return findings
 
 
-def _judge_kernel_cache(report: SmokeReport, watch: KernelCacheWatch | None) -> None:
+def _judge_kernel_cache(report: SmokeReport, watch: CacheWatches | None) -> None:
     """Hit or miss per cached kernel, held against the log's compile lines: shown and counted,
     never a failed check (a miss is what a first start on an empty cache does). It runs in the
     smoke's `finally`, before the report is written: a judgement that raises is a note in the

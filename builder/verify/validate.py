@@ -126,9 +126,11 @@ def short_why(text: str, limit: int = WHY_CHARS) -> str:
 
 
 def kernel_rows(cache: dict[str, Any] | None) -> list[CacheRow]:
-    """The smoke's cached kernels (its report's `kernel_cache`) as JIT-table rows."""
+    """The smoke's cached kernels (its report's `kernel_cache`: every cache it watched, or one
+    in reports older than that) as JIT-table rows."""
     if not cache:
         return []
+    caches = cache.get("caches", [cache])
     return [
         CacheRow(
             row["name"],
@@ -139,7 +141,8 @@ def kernel_rows(cache: dict[str, Any] | None) -> list[CacheRow]:
             "cached-kernel",
             row.get("shape") or {},
         )
-        for row in cache.get("kernels", [])
+        for one in caches
+        for row in one.get("kernels", [])
     ]
 
 
