@@ -3,7 +3,8 @@ verify.py, hosts.py, ...) and register on the group in app.py when their module 
 the group imports a command's module only when that command runs (app.COMMAND_MODULES).
 
 `build STACK` with nothing to do is answered before any of that is imported
-(builder.image.uptodate): it is the command a Makefile or a CI job runs most.
+(builder.image.uptodate): it is the command a Makefile or a CI job runs most; so is `list` with
+nothing changed since the last one (builder.cli.list_memo), the command people look around with.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = ["main"]
 
 
 def main() -> None:
-    if _noop_build(sys.argv[1:]):
+    if _noop_build(sys.argv[1:]) or _kept_listing(sys.argv[1:]):
         return
     from builder.cli.app import cli
 
@@ -39,6 +40,18 @@ def _noop_build(args: list[str]) -> bool:
     if ref is None:
         return False
     print(f"up to date: {ref}")
+    return True
+
+
+def _kept_listing(args: list[str]) -> bool:
+    """True when `list` was answered from what the last one printed (builder.cli.list_memo)."""
+    from builder.cli.list_memo import kept_listing, listing_folders
+
+    folders = listing_folders(args)
+    listing = None if folders is None else kept_listing(folders[1], folders[0])
+    if listing is None:
+        return False
+    sys.stdout.write(listing)
     return True
 
 

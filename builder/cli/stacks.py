@@ -16,9 +16,11 @@ from builder.cli.app import (
     require_pinned_bases,
     user_errors,
 )
+from builder.cli.list_memo import keep_listing
 from builder.errors import StackError
 from builder.image.names import HASH_CHARS
-from builder.image.records import Record, load_record
+from builder.image.records import Record, load_record, record_path
+from builder.image.uptodate import fingerprint
 from builder.lock.lockfile import current_lock, locked_versions
 from builder.render.context import write_context
 from builder.spec.check import check_stack, violation_error
@@ -33,6 +35,10 @@ from builder.spec.rules import Violation
 def list_stacks(settings: Settings) -> None:
     """Stacks with status, targets and whether their current content hash is built, tested
     and pushed."""
+    taken = fingerprint(settings.stacks_dir, [])
+    #: What the listing read beyond the fingerprinted folders (list_memo keeps their metadata).
+    wheels: list[str] = []
+    records: list[str] = []
     table = Table(
         "stack",
         "status",
@@ -67,13 +73,16 @@ def list_stacks(settings: Settings) -> None:
         )
         try:
             result = check_stack(stack, locked_versions(stack))
-            content_hash = settings.render(stack).content_hash()
+            rendered = settings.render(stack)
+            content_hash = rendered.content_hash()
+            wheels += [str(copied.source) for copied in rendered.copied.values()]
         except StackError as exc:  # a stale or broken lock, a patch file gone, ...
             stale = exc.key == "inputs_hash"
             table.add_row(*manifest, "lock stale" if stale else "no render", "-", "?", "?", "?")
             problems.append(f"{name}: {exc}")
             continue
         verdict = "ok" if result.ok else _first_rule(result.violations[0])
+        records.append(str(record_path(settings.build_dir, name, content_hash)))
         try:
             record = load_record(settings.build_dir, name, content_hash)
         except StackError as exc:
@@ -89,9 +98,11 @@ def list_stacks(settings: Settings) -> None:
             _served(record),
             ", ".join(record.pushed) or "no",
         )
-    out.print(table)
-    for problem in problems:
-        click.echo(problem)
+    with out.capture() as captured:
+        out.print(table)
+    listing = captured.get() + "".join(f"{problem}\n" for problem in problems)
+    click.echo(listing, nl=False)
+    keep_listing(settings.build_dir, settings.stacks_dir, taken, wheels, records, listing)
 
 
 def _first_rule(violation: Violation) -> str:
