@@ -149,15 +149,18 @@ def test_a_second_build_waits_for_the_first_and_says_so(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     stack_dir = tmp_path / "build" / STACK
-    with stack_dir_lock(stack_dir):
+    with stack_dir_lock(stack_dir) as waited:
+        assert waited is False  # free: the build need not look for the image again
         holder = (stack_dir / ".lock").read_text()
         assert holder.startswith(f"pid {os.getpid()} since ")
         got: list[float] = []
+        waits: list[bool] = []
 
         def second() -> None:
             began = time.monotonic()
-            with stack_dir_lock(stack_dir, wait_s=30):
+            with stack_dir_lock(stack_dir, wait_s=30) as second_waited:
                 got.append(time.monotonic() - began)
+                waits.append(second_waited)
 
         waiter = threading.Thread(target=second)
         waiter.start()
@@ -165,6 +168,7 @@ def test_a_second_build_waits_for_the_first_and_says_so(
         assert not got, "the second build must wait while the first holds the lock"
     waiter.join(timeout=10)
     assert got and got[0] >= 1.0
+    assert waits == [True]  # it waited: the first may have built the image meanwhile
     err = capfd.readouterr().err
     assert err.count("waiting for the other build of faults") == 1
     assert f"(pid {os.getpid()} since " in err and "at most 30 s" in err

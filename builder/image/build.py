@@ -108,8 +108,10 @@ def build_stack(
             stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
         )
     stack_dir = build_dir / stack.name
-    with stack_dir_lock(stack_dir, options.lock_wait_s):
-        existing = None if options.no_cache else find_image(engine, ref, content_hash)
+    with stack_dir_lock(stack_dir, options.lock_wait_s) as waited:
+        # Built while we waited? Without a wait nobody here was building it: the look above
+        # still holds (at worst a build that ended in between is done again, all cached).
+        existing = None if options.no_cache or not waited else find_image(engine, ref, content_hash)
         if existing is not None and not _bases_moved(existing, bases):  # built while we waited
             engine.tag(existing.id, moving_ref(stack.name))
             _note_image(build_dir, stack.name, content_hash, existing.id)
@@ -162,14 +164,15 @@ def _note_image(build_dir: Path, stack: str, content_hash: str, image_id: str) -
 
 
 @contextmanager
-def stack_dir_lock(stack_dir: Path, wait_s: float = 0.0) -> Iterator[None]:
+def stack_dir_lock(stack_dir: Path, wait_s: float = 0.0) -> Iterator[bool]:
     """One build (or render) of a stack at a time: each rewrites build/STACK/context, which
     BuildKit reads during the whole build, so a second one would swap the files under the
     first and its image would be tagged with a content hash it was not built from.
 
     With wait_s, a second build waits for the first (saying so once, on stderr) and fails
     after wait_s; without, it is refused at once. The holder's pid is in the lock file, so the
-    message can name it. The kernel drops the lock when its holder dies, even by SIGKILL."""
+    message can name it. The kernel drops the lock when its holder dies, even by SIGKILL.
+    Yields whether it had to wait for another holder."""
     stack_dir.mkdir(parents=True, exist_ok=True)
     path = stack_dir / ".lock"
     with open(path, "a+") as handle:
@@ -206,7 +209,7 @@ def stack_dir_lock(stack_dir: Path, wait_s: float = 0.0) -> Iterator[None]:
         handle.truncate()
         handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         handle.flush()
-        yield
+        yield said
 
 
 #: How often a waiting build tries the lock again.
