@@ -29,8 +29,10 @@ from builder.hosts.fleet import (
     health_gate,
     roll,
     smoke_gate,
+    warm_gate,
 )
 from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
+from builder.hosts.warmth import WarmPolicy, proof_of, restorer, warm_summary
 from builder.image.hostprobe import gather
 from builder.spec.resolve import ResolvedStack
 
@@ -51,7 +53,10 @@ def one_report(pin: Pin, default: str | None) -> Report:
     """verify for one pin, on its own engine (default: the command's, for a pin naming none),
     its prerequisites read on that host."""
     engine, why = remote.try_connect(pin, default)
-    return verify_host(pin, engine, why, gather(engine, why, remote.probe(pin, default)))
+    report = verify_host(pin, engine, why, gather(engine, why, remote.probe(pin, default)))
+    if engine is not None and "state" not in {d.name for d in report.drifts}:
+        report.warm = warm_summary(pin, engine)
+    return report
 
 
 def verify_all(hosts_dir: Path, as_json: bool, default: str | None) -> None:
@@ -63,7 +68,7 @@ def verify_all(hosts_dir: Path, as_json: bool, default: str | None) -> None:
     if as_json:
         click.echo(json.dumps([report.to_json() for _, _, report in reports], indent=2))
     else:
-        table = Table("host", "engine", "stack", "image", "status", "drifts")
+        table = Table("host", "engine", "stack", "image", "status", "drifts", "warm")
         for row in drift_rows(reports):
             table.add_row(*row.values())
         out.print(table)
@@ -86,9 +91,11 @@ def deploy_all(
     smoke: bool,
     timeout_s: float | None,
     as_json: bool,
+    warm: WarmPolicy,
 ) -> None:
     """Render every host's files; with apply_now, roll them one host at a time (builder.hosts.
-    fleet), stopping at the first failure; exit 1 then."""
+    fleet), stopping at the first failure; exit 1 then. Each host's warm cache is restored
+    before its start and its start proved after its gates (builder.hosts.warmth)."""
     from builder.hosts.deploy import write_files
 
     pins = all_pins(hosts_dir)
@@ -108,12 +115,14 @@ def deploy_all(
     if smoke:
         report_dir = settings.build_dir / "fleet" / "smoke"
         gate = both(gate, smoke_gate(url, _stack_of(settings), report_dir, say))
+    gate = both(gate, warm_gate(proof_of, warm.require))
     fleet = Fleet(
         connect=lambda pin: remote.connect(pin, default),
         gate=gate,
         previous=lambda host: load_previous_pin(hosts_dir, host),
         describe=lambda pin: remote.describe(pin, default),
         log=say,
+        before_start=restorer(warm),
     )
     results = roll(pins, fleet)
     if as_json:

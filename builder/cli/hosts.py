@@ -21,6 +21,7 @@ from builder.hosts import remote, topology
 from builder.hosts.deploy import apply, write_files
 from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
+from builder.hosts.warmth import WarmPolicy, restorer
 from builder.image import address
 from builder.image.address import check_address
 from builder.image.engine import Engine
@@ -320,6 +321,18 @@ def _host_gpu_kind(host_engine: str | None) -> str | None:
     help="With --all --apply: seconds a host may take to answer its health path "
     "(default: the pin's health start period).",
 )
+@click.option(
+    "--require-warm",
+    is_flag=True,
+    help="With --apply: refuse to start a host whose cache volume cannot be filled from a "
+    "warm-cache artifact of exactly its key (`cache list HOST` shows why); with --all, a host "
+    "that compiled anything at its start also fails its gate.",
+)
+@click.option(
+    "--cold",
+    is_flag=True,
+    help="With --apply: start without restoring a warm-cache artifact (the volume as it is).",
+)
 @click.option("--gpu-product", help="k8s: the node label nvidia.com/gpu.product to run on.")
 @click.option("--json", "as_json", is_flag=True, help="With --all --apply: the roll as JSON.")
 @engine_option
@@ -335,6 +348,8 @@ def deploy(
     apply_now: bool,
     no_smoke: bool,
     gate_timeout: float | None,
+    require_warm: bool,
+    cold: bool,
     gpu_product: str | None,
     as_json: bool,
     hosts_dir: Path | None,
@@ -361,6 +376,9 @@ def deploy(
             target = base / pinned.host if every or out is None else out
             click.echo(write_k8s(pinned, target, gpu_product))
         return
+    if require_warm and cold:
+        raise StackError("--require-warm and --cold ask for opposite things", key="--cold")
+    warm = WarmPolicy(require=require_warm, cold=cold, default_engine=settings.engine_address())
     if every:
         deploy_all(
             settings,
@@ -370,13 +388,15 @@ def deploy(
             not no_smoke,
             gate_timeout,
             as_json,
+            warm,
         )
         return
     pinned = load_pin(folder, str(host))
     for path in write_files(pinned, out or settings.build_dir / "hosts" / pinned.host):
         click.echo(path)
     if apply_now:
-        click.echo(apply(pinned, remote.connect(pinned, settings.engine_address())))
+        engine = remote.connect(pinned, settings.engine_address())
+        click.echo(apply(pinned, engine, restorer(warm)))
 
 
 @cli.command()
@@ -410,6 +430,8 @@ def verify(
             click.echo(f"DRIFT {drift.name}: {drift.detail}")
         if report.clean:
             click.echo(f"as pinned: {', '.join(report.clean)}")
+        if report.warm:
+            click.echo(f"start: {report.warm}")
         click.echo(f"{len(report.drifts)} drift(s)" if report.drifts else "no drift")
     if report.drifts:
         sys.exit(EXIT_DRIFT)

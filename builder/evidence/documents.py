@@ -26,6 +26,9 @@ from builder.image.records import Record
 VERDICT_TYPE = "application/vnd.sm120-stacks.verdict.v1+json"
 SBOM_TYPE = "application/vnd.cyclonedx+json"
 PROVENANCE_TYPE = "application/vnd.in-toto+json"
+#: A host's runtime caches captured after a served smoke (builder/warm/): referrers of the image
+#: like the evidence, but not evidence, and gigabytes: the evidence reader only counts them.
+WARM_CACHE_TYPE = "application/vnd.sm120-stacks.warm-cache.v1"
 VERDICT_SCHEMA = "https://sm120-stacks.dev/verdict/v1"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 IN_TOTO_STATEMENT = "https://in-toto.io/Statement/v1"
@@ -267,6 +270,7 @@ __all__ = [
     "SBOM_TYPE",
     "SUBJECT_ANNOTATION",
     "VERDICT_TYPE",
+    "WARM_CACHE_TYPE",
     "ImageContents",
     "ProvenanceInputs",
     "SbomInputs",

@@ -96,14 +96,30 @@ def referrers_tag(digest: str) -> str:
 class ArtifactStore:
     """Artifacts of images in one registry repository (the stacks' repository)."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, name: str | None = None) -> None:
         import oras.provider
 
         self.registry = registry
         self.insecure = _plain_http(registry.host)
         self.client = oras.provider.Registry(hostname=registry.host, insecure=self.insecure)
-        self.name = "/".join([*([registry.namespace] if registry.namespace else []), REPOSITORY])
+        self.name = name or "/".join(
+            [*([registry.namespace] if registry.namespace else []), REPOSITORY]
+        )
         self.base = f"{'http' if self.insecure else 'https'}://{registry.host}/v2/{self.name}"
+
+    @classmethod
+    def of_image(cls, image: str) -> ArtifactStore:
+        """The store of the repository an image reference (HOST/NAME@sha256:... or :tag)
+        names: a pin's image, whichever repository it was pushed to."""
+        repository = image.split("@", 1)[0]
+        host, _, name = repository.partition("/")
+        if not name or ("." not in host and ":" not in host and host != "localhost"):
+            raise StackError(
+                f"{image} names no registry host",
+                hint="pin an image pushed to a registry (`sm120-stacks push STACK`)",
+            )
+        name = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+        return cls(Registry(host), name)
 
     # -- reading --
 

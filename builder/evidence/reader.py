@@ -24,6 +24,7 @@ from builder.evidence.documents import (
     SUBJECT_ANNOTATION,
     VERDICT_SCHEMA,
     VERDICT_TYPE,
+    WARM_CACHE_TYPE,
     sbom_summary,
 )
 from builder.evidence.oci import ArtifactStore, Descriptor, ManifestUnknown
@@ -49,6 +50,8 @@ class Evidence:
     sbom: dict[str, int] | None = None
     provenance: dict[str, Any] | None = None
     artifacts: list[Descriptor] = field(default_factory=list)
+    #: Warm-cache artifacts of the image (builder/warm/), counted, not read.
+    warm_caches: int = 0
 
     @property
     def ref(self) -> str:
@@ -79,6 +82,7 @@ class Evidence:
             "sbom": self.sbom,
             "provenance": self.provenance,
             "artifacts": [a.to_json() for a in self.artifacts],
+            "warm_caches": self.warm_caches,
         }
 
 
@@ -108,6 +112,9 @@ def read_evidence(
         subject = (manifest.get("subject") or {}).get("digest")
         if subject != image.digest:
             raise _refused(image.digest, f"artifact {descriptor.digest} refers to {subject}")
+        if manifest.get("artifactType") == WARM_CACHE_TYPE:
+            evidence.warm_caches += 1
+            continue
         layers = manifest.get("layers") or []
         if len(layers) != 1:
             raise _refused(image.digest, f"artifact {descriptor.digest} has {len(layers)} layers")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +168,12 @@ def container_spec(pin: Pin) -> ContainerSpec:
     return describe(pin)
 
 
-def apply(pin: Pin, engine: Engine) -> str:
+#: A step between the old container's removal and the new one's start (the warm-cache
+#: restore, hosts/warmth.py): what it did, in words, or None.
+BeforeStart = Callable[[Pin, Engine], "str | None"]
+
+
+def apply(pin: Pin, engine: Engine, before_start: BeforeStart | None = None) -> str:
     """Run the pin on this engine. A container that verify would find clean is left alone; any
     other (drifted, stopped, crash-looping, unhealthy) is replaced, so a fresh one starts with a
     zero restart count. Returns what was done, in words."""
@@ -179,6 +185,7 @@ def apply(pin: Pin, engine: Engine) -> str:
         if not state_drifts(attrs) and not config_drifts(pin, engine, attrs):
             return f"{pin.container} already runs {pin.image} as pinned; nothing to do"
         existing.remove(force=True)
+    prepared = before_start(pin, engine) if before_start is not None else None
     try:
         container = engine.run(container_spec(pin))
     except EngineError as exc:
@@ -190,6 +197,7 @@ def apply(pin: Pin, engine: Engine) -> str:
         raise StackError(f"the engine refused to start {pin.container}: {exc}") from None
     verb = "replaced" if existing is not None else "started"
     done = "".join(f"created {folder}\n" for folder in made)
+    done += f"{prepared}\n" if prepared else ""
     return f"{done}{verb} {pin.container} ({container.short_id}) running {pin.image}"
 
 

@@ -39,11 +39,15 @@ class Report:
     #: What was compared and found as pinned (names), for the summary.
     clean: list[str] = field(default_factory=list)
     prerequisites: list[Finding] = field(default_factory=list)
+    #: Warm or cold, and what the server compiled since its start (hosts/warmth.py); None:
+    #: the pin has no cache volume or nothing runs.
+    warm: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "host": self.host,
             "image": self.image,
+            "warm": self.warm,
             "drifted": bool(self.drifts),
             "drifts": [{"name": d.name, "detail": d.detail} for d in self.drifts],
             "clean": self.clean,

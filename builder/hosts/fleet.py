@@ -21,7 +21,7 @@ from pathlib import Path
 import requests
 
 from builder.errors import EngineError, OperationFailed, StackError, ToolMissing
-from builder.hosts.deploy import apply
+from builder.hosts.deploy import BeforeStart, apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
 from builder.image.engine import Container, Engine
@@ -29,6 +29,7 @@ from builder.image.progress import Say, Throttle
 from builder.spec.resolve import ResolvedStack
 from builder.verify.smoke import run_smoke_url
 from builder.verify.smoke_report import Check
+from builder.warm.host import Proof
 
 #: What a host came to: deployed and passed its gate; failed (and what happened after).
 OK = "ok"
@@ -80,6 +81,8 @@ class Fleet:
     previous: Callable[[str], Pin | None]
     describe: Callable[[Pin], str] = field(default=lambda pin: pin.engine or "local engine")
     log: Callable[[str], None] = print
+    #: Run between a host's old container and its new one (the warm-cache restore).
+    before_start: BeforeStart | None = None
 
 
 def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
@@ -98,7 +101,7 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
             break
         unchanged = _runs_as_pinned(pin, engine)
         try:
-            done = apply(pin, engine)
+            done = apply(pin, engine, fleet.before_start)
         except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
             gate = GateResult(False, f"deploy failed: {_message(exc)}")
         else:
@@ -136,7 +139,7 @@ def _roll_back(pin: Pin, engine: Engine, fleet: Fleet) -> str:
         return f"{why}: its failed container was removed, so nothing serves there now"
     fleet.log(f"{pin.host}: back to its previous pin, {previous.stack} {previous.image}")
     try:
-        done = apply(previous, engine)
+        done = apply(previous, engine, fleet.before_start)
     except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
         return f"FAILED to start the previous pin {previous.image}: {_message(exc)}"
     gate = _judge(fleet, previous, engine)
@@ -290,6 +293,21 @@ def _failures(checks: Sequence[Check]) -> str:
     )
 
 
+def warm_gate(prove: Callable[[Pin, Engine], Proof | None], require: bool) -> Gate:
+    """What the server compiled since its start (builder/warm/host.py prove), once it is
+    healthy and smoked: reported always; with require, a cold start or any compile fails."""
+
+    def gate(pin: Pin, engine: Engine) -> GateResult:
+        proof = prove(pin, engine)
+        if proof is None:
+            passed = not require
+            return GateResult(passed, "no cache volume: start not proved warm")
+        passed = not require or (proof.warm and proof.zero)
+        return GateResult(passed, proof.summary())
+
+    return gate
+
+
 def both(first: Gate, then: Gate) -> Gate:
     """first, and then only if it passed."""
 
@@ -319,6 +337,7 @@ def drift_rows(reports: Sequence[tuple[Pin, str, Report]]) -> list[dict[str, str
                 "image": pin.image.rsplit("@", 1)[-1][:19],
                 "status": "DRIFT" if report.drifts else "as pinned",
                 "drifts": ", ".join(names) or "-",
+                "warm": report.warm or "-",
             }
         )
     return rows

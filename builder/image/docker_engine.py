@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, BinaryIO
 
 from builder.errors import EngineError, EngineNotFound, EngineUnreachable, ToolMissing
 from builder.image.address import DEFAULT as DEFAULT_ADDRESS
@@ -370,6 +370,17 @@ class DockerContainer:
         with _engine_errors():
             code, output = self._container.exec_run(argv, demux=False)
         return int(code), bytes(output or b"").decode("utf-8", errors="replace")
+
+    def read_archive(self, path: str) -> Iterator[bytes]:
+        with _engine_errors():
+            stream, _ = self._container.get_archive(path, chunk_size=1 << 20)
+        with _engine_errors():
+            yield from stream
+
+    def write_archive(self, path: str, data: BinaryIO) -> None:
+        with _engine_errors():
+            if not self._container.put_archive(path, data):
+                raise EngineError(f"the engine did not unpack the archive into {path}")
 
     def memory_bytes(self) -> int | None:
         with _engine_errors():

@@ -9,9 +9,9 @@ Whatever the SDK raised arrives as an EngineError carrying the engine's own word
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, BinaryIO, Literal, Protocol
 
 from builder.errors import EngineError, EngineNotFound, EngineUnreachable, RegistryUnreachable
 
@@ -101,6 +101,14 @@ class Container(Protocol):
 
     def exec(self, argv: list[str]) -> tuple[int, str]:
         """Run argv in the running container: (exit status, stdout and stderr)."""
+        ...
+
+    def read_archive(self, path: str) -> Iterator[bytes]:
+        """A tar stream of path in the container (its volumes included), `docker cp` out."""
+        ...
+
+    def write_archive(self, path: str, data: BinaryIO) -> None:
+        """Unpack a tar stream into path, an existing folder in the container (`docker cp`)."""
         ...
 
 

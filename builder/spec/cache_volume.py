@@ -81,7 +81,7 @@ class CacheVolume(Strict):
 
     def kinds(self) -> dict[str, str]:
         """Every kind with its title (for reports and docs)."""
-        found = {}
+        found: dict[str, str] = {}
         for folder in self.folders:
             found.setdefault(folder.kind, folder.title)
             for within in folder.within:

@@ -1,0 +1,105 @@
+"""`cache capture HOST`, `cache list HOST`, `cache prove HOST`: a pinned host's warm caches.
+
+`deploy --apply` restores (and `--require-warm` insists on) the artifact these commands make;
+docs/warm-caches.md is the walk-through.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
+from builder.cli.hosts import _hosts_dir, hosts_dir_option
+from builder.hosts import remote
+from builder.hosts.pins import load_pin
+from builder.hosts.warmth import candidates, capture_pin, proof_of, require_target
+
+EXIT_COMPILED = 1
+
+
+@cli.group("cache")
+def cache_group() -> None:
+    """A pinned host's runtime caches as a warm-cache artifact beside its image: capture once
+    per GPU kind, restored by every `deploy --apply` whose key matches, proved at every start."""
+
+
+@cache_group.command("capture")
+@click.argument("host")
+@engine_option
+@hosts_dir_option
+@pass_settings
+@user_errors
+def capture(settings: Settings, host: str, hosts_dir: Path | None) -> None:
+    """Push what HOST's server wrote into its cache volume as one artifact beside its pinned
+    image, keyed by the image, GPU, driver, model, serve command and mount path.
+
+    Run it after a served smoke (`smoke STACK --url URL`), once warm-up has finished.
+    """
+    pin = load_pin(_hosts_dir(settings, hosts_dir), host)
+    engine = remote.connect(pin, settings.engine_address())
+    click.echo(capture_pin(pin, engine, settings.engine_address()))
+
+
+@cache_group.command("list")
+@click.argument("host")
+@click.option("--json", "as_json", is_flag=True, help="Print them as JSON.")
+@engine_option
+@hosts_dir_option
+@pass_settings
+@user_errors
+def list_caches(settings: Settings, host: str, as_json: bool, hosts_dir: Path | None) -> None:
+    """The warm-cache artifacts of HOST's pinned image, and how each key differs from the
+    host's own (the one `deploy --apply` would restore is marked `match`)."""
+    pin = load_pin(_hosts_dir(settings, hosts_dir), host)
+    default = settings.engine_address()
+    key, found = candidates(pin, remote.connect(pin, default), default)
+    if as_json:
+        rows = [
+            {
+                "artifact": c.found.descriptor.digest,
+                "captured_on": c.found.captured_on,
+                "created": c.found.created,
+                "match": c.match,
+                "differences": c.differences,
+            }
+            for c in found
+        ]
+        click.echo(json.dumps({"host_key": key.model_dump(), "artifacts": rows}, indent=2))
+        return
+    click.echo(f"{host}: key {key.digest()[:19]} ({', '.join(key.gpus) or 'no GPU'})")
+    if not found:
+        click.echo("no warm-cache artifact for this image yet (`sm120-stacks cache capture HOST`)")
+    for c in found:
+        state = "match" if c.match else f"differs in {len(c.differences)}"
+        where = f"from {c.found.captured_on} at {c.found.created}"
+        click.echo(f"{c.found.descriptor.digest[:19]} {where}: {state}")
+        for line in c.differences:
+            click.echo(f"  {line}")
+
+
+@cache_group.command("prove")
+@click.argument("host")
+@click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
+@engine_option
+@hosts_dir_option
+@pass_settings
+@user_errors
+def prove(settings: Settings, host: str, as_json: bool, hosts_dir: Path | None) -> None:
+    """What HOST's server compiled since its last start: files in its cache volume that were
+    not there when it started, by kind. Exit status 1 when it compiled anything."""
+    pin = load_pin(_hosts_dir(settings, hosts_dir), host)
+    require_target(pin)
+    proof = proof_of(pin, remote.connect(pin, settings.engine_address()))
+    assert proof is not None
+    if as_json:
+        click.echo(json.dumps(proof.to_json(), indent=2))
+    else:
+        click.echo(f"{host}: {proof.summary()}")
+        for example in proof.examples:
+            click.echo(f"  new: {example}")
+    if not proof.zero:
+        sys.exit(EXIT_COMPILED)

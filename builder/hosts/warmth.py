@@ -1,0 +1,166 @@
+"""A pin's warm caches: the pin seen as builder.warm's target, restored before each start,
+proved after each start (builder/warm/host.py says how).
+
+Kept apart from deploy.py so that rendering a pin's files never needs a registry: only a
+deploy that starts a container, `cache capture` and `verify` reach for the artifacts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from builder.errors import OperationFailed, StackError, ToolMissing
+from builder.evidence.oci import ArtifactStore
+from builder.hosts import remote
+from builder.hosts.container import volumes
+from builder.hosts.pins import Pin
+from builder.image.engine import Engine
+from builder.image.hostprobe import HostFacts, gather
+from builder.spec.cache_volume import cache_volume
+from builder.warm import artifact
+from builder.warm.artifact import Found
+from builder.warm.host import (
+    Proof,
+    RestoreResult,
+    WarmTarget,
+    capture,
+    host_key,
+    prove,
+    restore,
+)
+from builder.warm.key import WarmKey
+from builder.warm.volume import open_volume
+
+
+def target_of(pin: Pin) -> WarmTarget | None:
+    """The pin's cache volume and what its caches depend on; None: the pin mounts no cache
+    volume at the layout's path (a CPU stack pinned without one, a pin of an older tool)."""
+    mounts = volumes(pin)
+    layout = cache_volume()
+    volume = next((m.source for m in mounts if m.target == layout.mount), None)
+    if volume is None:
+        return None
+    return WarmTarget(
+        host=pin.host,
+        image=pin.image,
+        volume=volume,
+        command=tuple(pin.command),
+        env=dict(pin.env),
+        gpu_indices=pin.gpu_indices,
+        read_only_mounts=tuple((m.source, m.target) for m in mounts if m.read_only),
+    )
+
+
+def require_target(pin: Pin) -> WarmTarget:
+    target = target_of(pin)
+    if target is None:
+        raise StackError(
+            f"the pin of {pin.host} mounts no cache volume at {cache_volume().mount}",
+            key="volumes",
+            hint=f"pin it again (a vLLM stack gets one), or with --volume "
+            f"NAME:{cache_volume().mount}",
+        )
+    return target
+
+
+def host_facts(pin: Pin, engine: Engine, default: str | None) -> HostFacts:
+    """The GPUs and driver of the pin's host (none asked when the pin gives it no GPU)."""
+    if pin.gpus == "none":
+        return HostFacts(None, (), "the pin gives the container no GPU", (), None)
+    return gather(engine, None, remote.probe(pin, default))
+
+
+@dataclass(frozen=True)
+class WarmPolicy:
+    """How deploy treats warm caches: restore before a start unless `cold`; `require` refuses
+    a start without an exact artifact, and fails the gate on any compile."""
+
+    require: bool = False
+    cold: bool = False
+    default_engine: str | None = None
+
+
+def restorer(policy: WarmPolicy) -> Callable[[Pin, Engine], str | None]:
+    """The step deploy runs between removing the old container and starting the new one."""
+
+    def before_start(pin: Pin, engine: Engine) -> str | None:
+        target = target_of(pin)
+        if target is None or policy.cold:
+            if policy.require:
+                require_target(pin)
+                raise StackError("--require-warm and --cold ask for opposite things")
+            return None
+        try:
+            facts = host_facts(pin, engine, policy.default_engine)
+            store = ArtifactStore.of_image(pin.image)
+            result = restore(engine, store, target, facts, require_warm=policy.require)
+        except (ToolMissing, OperationFailed) as exc:
+            if policy.require:
+                raise
+            return f"no warm cache ({exc}): a cold start"
+        return describe_restore(result)
+
+    return before_start
+
+
+def describe_restore(result: RestoreResult) -> str:
+    lines = [f"recovered: {result.recovered}"] if result.recovered else []
+    lines += [result.detail, *(f"  {difference}" for difference in result.differences)]
+    return "\n".join(lines)
+
+
+def proof_of(pin: Pin, engine: Engine) -> Proof | None:
+    target = target_of(pin)
+    return None if target is None else prove(engine, target)
+
+
+def warm_summary(pin: Pin, engine: Engine) -> str | None:
+    """verify's words for the running server's start: warm or cold, and what it compiled."""
+    try:
+        proof = proof_of(pin, engine)
+    except (StackError, OperationFailed) as exc:
+        return f"unknown ({str(exc)[:120]})"
+    return None if proof is None else proof.summary()
+
+
+def capture_pin(pin: Pin, engine: Engine, default: str | None) -> str:
+    target = require_target(pin)
+    facts = host_facts(pin, engine, default)
+    digest, key, files = capture(engine, ArtifactStore.of_image(pin.image), target, facts)
+    size = sum(f.size for f in files)
+    kinds: dict[str, int] = {}
+    for f in files:
+        kinds[f.kind] = kinds.get(f.kind, 0) + 1
+    listed = ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items()))
+    gpu = ", ".join(key.gpus) or "no GPU"
+    return (
+        f"captured {len(files)} files ({size / 1e6:.1f} MB: {listed}) from {target.volume} on "
+        f"{pin.host} as {digest[:19]}, beside {pin.image}\n"
+        f"key {key.digest()[:19]}: {gpu}, driver {key.driver or 'none'}, model {key.model}, "
+        f"TP {key.tensor_parallel} x PP {key.pipeline_parallel}, mounted at {key.mount}"
+    )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A warm-cache artifact of the pin's image, against the host's own key."""
+
+    found: Found
+    differences: list[str]
+
+    @property
+    def match(self) -> bool:
+        return not self.differences
+
+
+def candidates(pin: Pin, engine: Engine, default: str | None) -> tuple[WarmKey, list[Candidate]]:
+    """The host's key and every artifact of its image, newest first."""
+    target = require_target(pin)
+    facts = host_facts(pin, engine, default)
+    layout = cache_volume()
+    mounts = list(target.read_only_mounts)
+    with open_volume(engine, pin.image, target.volume, layout, mounts) as access:
+        key = host_key(target, facts, access)
+    found = artifact.find(ArtifactStore.of_image(pin.image), target.image_digest)
+    return key, [Candidate(f, key.differences(f.key)) for f in found]

@@ -1,0 +1,305 @@
+"""Capture, restore and prove a host's warm caches: what `cache capture`, `deploy` and `verify`
+do with a pin's cache volume.
+
+- capture: live/ of the volume (after a served smoke, once warm-up has finished) becomes one
+  artifact beside the image, keyed by what the caches are valid for (warm/key.py).
+- restore: before the server starts, the artifact whose key is exactly this host's fills the
+  volume: fetched with its digest checked, every file checked against its list, unpacked into
+  a fresh folder, swapped in (warm/volume.py). No exact key: the nearest one and what differs,
+  and a cold start, or a refusal when warm is required. A volume already holding that
+  artifact is left alone; one holding anything else is replaced whole, never mixed.
+- proof: after the start, each file of live/ that was not there before it is a compile, named
+  by the kind of its folder (knowledge/cache_volume.yaml).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.errors import OperationFailed, StackError
+from builder.evidence.oci import ArtifactStore
+from builder.image.engine import Engine
+from builder.image.hostprobe import HostFacts
+from builder.spec.cache_volume import CacheVolume, cache_volume
+from builder.warm import archive, artifact
+from builder.warm.key import (
+    WarmKey,
+    gpu_identity,
+    model_of,
+    parallel_shape,
+    serve_identity,
+)
+from builder.warm.volume import Listing, VolumeAccess, open_volume
+
+BASE = "base.json"
+RESTORED = "restored.json"
+
+
+@dataclass(frozen=True)
+class WarmTarget:
+    """What of a pin the warm caches depend on (built by hosts/, which knows pins)."""
+
+    host: str
+    image: str
+    volume: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    #: The GPU indices the container gets; None: all of the host's.
+    gpu_indices: list[int] | None
+    read_only_mounts: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def image_digest(self) -> str:
+        return self.image.rpartition("@")[2]
+
+
+@dataclass
+class RestoreResult:
+    """What a restore did: `restored` (artifact digest) or None with why; the nearest key's
+    differences where no artifact matched exactly."""
+
+    restored: str | None
+    detail: str
+    differences: list[str] = field(default_factory=list)
+    recovered: str | None = None
+
+    @property
+    def warm(self) -> bool:
+        return self.restored is not None
+
+
+@dataclass
+class Proof:
+    """What the server wrote into live/ since its start."""
+
+    warm: bool
+    restored: str | None
+    compiled: dict[str, int]
+    examples: list[str]
+    rewritten: int
+
+    @property
+    def zero(self) -> bool:
+        return not self.compiled and not self.rewritten
+
+    def summary(self) -> str:
+        start = f"warm (restored {self.restored[:19]})" if self.restored else "cold"
+        if self.zero:
+            return f"{start}: nothing compiled since the start"
+        kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(self.compiled.items()))
+        more = f"; {self.rewritten} files rewritten" if self.rewritten else ""
+        return f"{start}: compiled since the start: {kinds or 'nothing new'}{more}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "warm": self.warm,
+            "restored": self.restored,
+            "compiled": self.compiled,
+            "rewritten": self.rewritten,
+            "examples": self.examples,
+            "zero_compiles": self.zero,
+        }
+
+
+def host_key(target: WarmTarget, facts: HostFacts, access: VolumeAccess) -> WarmKey:
+    names, capability, sms = gpu_identity(facts, target.gpu_indices)
+    serve_hash, covers = serve_identity(target.command, target.env)
+    tensor, pipeline = parallel_shape(target.command)
+    model = model_of(target.command)
+    return WarmKey(
+        image=target.image_digest,
+        gpus=names,
+        sm_count=sms,
+        capability=capability,
+        driver=facts.driver if names else None,
+        model=model,
+        model_revision=access.model_revision(model),
+        serve_hash=serve_hash,
+        serve_covers=covers,
+        tensor_parallel=tensor,
+        pipeline_parallel=pipeline,
+        mount=access.layout.mount,
+    )
+
+
+def capture(
+    engine: Engine, store: ArtifactStore, target: WarmTarget, facts: HostFacts
+) -> tuple[str, WarmKey, list[archive.CapturedFile]]:
+    """Push live/ of the host's cache volume as an artifact; (its digest, key, files)."""
+    layout = cache_volume()
+    with (
+        open_volume(
+            engine, target.image, target.volume, layout, list(target.read_only_mounts)
+        ) as access,
+        tempfile.TemporaryDirectory(prefix="sm120-warm-") as scratch,
+    ):
+        access.recover()
+        key = host_key(target, facts, access)
+        if not access.listing():
+            raise StackError(
+                f"the cache volume {target.volume} on {target.host} holds no cache yet",
+                hint="start the server and run its smoke first (`sm120-stacks deploy HOST "
+                "--apply`, then `sm120-stacks smoke STACK --url URL`)",
+            )
+        tar = Path(scratch) / "cache.tar"
+        files = archive.repack(access.read_live(), layout.live, tar, layout)
+        pushed = artifact.push(store, key, files, tar, target.host)
+    return pushed.digest, key, files
+
+
+def restore(
+    engine: Engine,
+    store: ArtifactStore,
+    target: WarmTarget,
+    facts: HostFacts,
+    *,
+    require_warm: bool = False,
+) -> RestoreResult:
+    """Fill the host's cache volume from the artifact of exactly its key (see the module)."""
+    layout = cache_volume()
+    with open_volume(
+        engine, target.image, target.volume, layout, list(target.read_only_mounts)
+    ) as access:
+        recovered = access.recover()
+        key = host_key(target, facts, access)
+        candidates = artifact.find(store, target.image_digest)
+        exact = [c for c in candidates if c.key == key]
+        if not exact:
+            result = _no_match(key, candidates)
+            result.recovered = recovered
+            if require_warm:
+                raise OperationFailed(
+                    f"{target.host}: warm required, and "
+                    f"{result.detail.replace(': a cold start', '')}"
+                    + "".join(f"\n  {line}" for line in result.differences)
+                    + "\n  capture a cache on a host of this GPU kind, driver and pin "
+                    "(`sm120-stacks cache capture HOST`), or deploy without --require-warm"
+                )
+            return _cold(access, result)
+        refused: list[str] = []
+        for found in exact:
+            try:
+                done = _restore_one(access, store, target, key, found)
+            except StackError as exc:
+                # Not intact (tampered, truncated): nothing of it was swapped in. An older
+                # artifact of the same key may be whole; with none, the start is cold.
+                refused.append(f"{found.descriptor.digest[:19]}: {exc.message}")
+                continue
+            done.recovered, done.differences = recovered, refused
+            return done
+        if require_warm:
+            raise StackError(
+                f"{target.host}: warm required, and every artifact of its key was refused:\n  "
+                + "\n  ".join(refused),
+                hint="capture it again from a warm host (`sm120-stacks cache capture HOST`)",
+            )
+        return _cold(
+            access,
+            RestoreResult(None, "every warm cache of this key was refused: a cold start", refused),
+        )
+
+
+def _restore_one(
+    access: VolumeAccess,
+    store: ArtifactStore,
+    target: WarmTarget,
+    key: WarmKey,
+    found: artifact.Found,
+) -> RestoreResult:
+    already = access.state(RESTORED)
+    digest = found.descriptor.digest
+    if already and already.get("artifact") == digest:
+        _write_base(access)
+        return RestoreResult(digest, f"the volume already holds warm cache {digest[:19]}")
+    files = artifact.files_of(store, found)
+    with tempfile.TemporaryDirectory(prefix="sm120-warm-") as scratch:
+        tar = Path(scratch) / "cache.tar"
+        store.blob_to_file(found.layers[2], tar)
+        archive.check(tar, files)
+        with tar.open("rb") as stream:
+            folder = access.stage(uuid.uuid4().hex[:12], stream)
+    staged = access.listing(folder)
+    listed = {f.path: f for f in files}
+    if set(staged) != set(listed) or any(staged[p].size != listed[p].size for p in listed):
+        raise OperationFailed(
+            f"the restore into {target.volume} did not land whole ({len(staged)} of "
+            f"{len(listed)} files): nothing was swapped in",
+        )
+    access.swap_in(folder, {"artifact": digest, "key": key.digest(), "files": len(files)})
+    _write_base(access)
+    size = sum(f.size for f in files)
+    return RestoreResult(
+        digest,
+        f"restored warm cache {digest[:19]} ({len(files)} files, {size / 1e6:.1f} MB, "
+        f"captured on {found.captured_on})",
+    )
+
+
+def _cold(access: VolumeAccess, result: RestoreResult) -> RestoreResult:
+    access.clear_restored()
+    _write_base(access)
+    return result
+
+
+def prove(engine: Engine, target: WarmTarget) -> Proof:
+    """Compare live/ now with its listing just before the start (see the module)."""
+    layout = cache_volume()
+    with open_volume(engine, target.image, target.volume, layout) as access:
+        base = access.state(BASE)
+        restored = access.state(RESTORED)
+        now = access.listing()
+    return compare(layout, _listing_of(base), now, restored)
+
+
+def compare(
+    layout: CacheVolume, before: Listing | None, now: Listing, restored: dict[str, Any] | None
+) -> Proof:
+    before = before or {}
+    new = sorted(path for path in now if path not in before)
+    rewritten = sum(
+        1
+        for path, entry in now.items()
+        if path in before and (entry.size, entry.mtime) != (before[path].size, before[path].mtime)
+    )
+    kinds = Counter(layout.kind_of(path) for path in new)
+    return Proof(
+        warm=restored is not None,
+        restored=str(restored["artifact"]) if restored else None,
+        compiled=dict(kinds),
+        examples=new[:5],
+        rewritten=rewritten,
+    )
+
+
+def _write_base(access: VolumeAccess) -> None:
+    """The listing of live/ just before the start: what the proof compares with."""
+    listing = access.listing()
+    access.write_state(
+        BASE, {"files": {p: [e.size, e.mtime, e.mode] for p, e in sorted(listing.items())}}
+    )
+
+
+def _listing_of(state: dict[str, Any] | None) -> Listing | None:
+    from builder.warm.volume import FileEntry
+
+    if state is None:
+        return None
+    return {path: FileEntry(*values) for path, values in (state.get("files") or {}).items()}
+
+
+def _no_match(key: WarmKey, candidates: list[artifact.Found]) -> RestoreResult:
+    if not candidates:
+        return RestoreResult(None, "no warm cache in the registry for this image: a cold start")
+    nearest = min(candidates, key=lambda c: len(key.differences(c.key)))
+    differences = key.differences(nearest.key)
+    return RestoreResult(
+        None,
+        f"no warm cache matches this host's key; the nearest ({nearest.descriptor.digest[:19]}, "
+        f"captured on {nearest.captured_on}) differs in {len(differences)}: a cold start",
+        differences,
+    )
