@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	scripts/fetch-local-wheels.sh
-	$(BIN)/pip install --quiet --find-links build/wheels -e '.[dev]'
+	$(BIN)/pip install --quiet --find-links build/wheels -e '.[dev,report]'
 	touch $@
 
 venv: $(VENV)/.installed

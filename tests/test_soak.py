@@ -28,6 +28,7 @@ from builder.verify.soak import (
     run_soak,
     soak_prompts,
 )
+from builder.verify.soak_files import Chart, png, summary_line
 from tests.support.fake_chat import Behaviour, fake_chat_server, url_of
 
 
@@ -153,28 +154,39 @@ def test_the_resident_set_of_a_process_tree() -> None:
     assert process_tree_rss(2**22 + 1) is None
 
 
-def test_the_plot_is_a_png_of_the_size_it_says() -> None:
-    """Read back by hand: signature, IHDR, CRCs, and IDAT inflating to one filter byte and
-    width x 3 bytes per row; a title too long for one line is cut, not drawn off the edge."""
+def test_the_chart_is_a_png_matplotlib_drew_of_every_panel(tmp_path: Path) -> None:
+    """The chart reads back as a PNG of the figure's size (900 x 750), and a soak on a machine
+    without the plotting library writes no chart and says how to get one."""
     import struct
-    import zlib
 
-    from builder.verify import plot
+    rows = [
+        {"t_s": t, "tokens_per_s": 40.0 + t, "ttft_p50_s": 0.1 if t % 2 else None}
+        for t in range(30)
+    ]
+    chart = Chart("ci-mini", 2, 30.0, None, True, [(t, 500.0 + t) for t in range(30)], 600.0)
+    data = png(chart, rows)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert struct.unpack(">II", data[16:24]) == (900, 750)
+    summary_files = {"json": "x.json", "csv": "x.csv"}
+    assert "no chart: pip install 'sm120-stacks[report]'" in summary_line(
+        _summary_for_line(summary_files)
+    )
 
-    series = plot.Series("x", [(t, t * t) for t in range(30)])
-    data = plot.chart("t" * 500, [plot.Panel("a", "u", [series], limit=500)], "s", width=400)
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    at, chunks = 8, {}
-    while at < len(data):
-        (length,) = struct.unpack(">I", data[at : at + 4])
-        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
-        (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
-        chunks[kind] = body
-        at += 12 + length
-    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
-    assert width == 400 and height > 100
-    assert len(zlib.decompress(chunks[b"IDAT"])) == height * (1 + 3 * width)
+
+def _summary_for_line(files: dict[str, str]) -> dict[str, object]:
+    stats = {"p50": 0.1, "p99": 0.2}
+    return {
+        "passed": True,
+        "ran_s": 2.0,
+        "requests": 3,
+        "errors": 0,
+        "ttft_s": stats,
+        "itl_s": stats,
+        "tokens_per_s": 9.0,
+        "memory": {"samples": 0},
+        "stopped_early": None,
+        "files": files,
+    }
 
 
 def test_smoke_url_soak_judges_a_server_the_tool_did_not_start(

@@ -17,9 +17,9 @@ each worker cycling through prompts of mixed lengths, and fails on:
 A stall, growth past the bound or a server that stops ends the soak at once: its verdict can no
 longer change. Requests still open when the soak ends are left out of the counts. It reports
 time to first token and inter-token latency (p50, p99), tokens/s over time and the memory
-curve: a JSON summary, a CSV a plot reads (one row per time bucket) and a PNG
-(`verify.plot`), written beside the smoke's report. Its checks join the smoke's, so a failed
-soak fails `test`.
+curve: a JSON summary, a CSV a plot reads (one row per time bucket) and a PNG chart
+(`soak_files.png`, where the plotting library is installed), written beside the smoke's
+report. Its checks join the smoke's, so a failed soak fails `test`.
 """
 
 from __future__ import annotations
@@ -463,7 +463,8 @@ def run_soak(
     soak.run()
     checks = _judge(soak, memory_source)
     summary = _summary(soak, memory_source)
-    paths = {kind: report_base.with_name(f"{report_base.name}.{kind}") for kind in _FILES}
+    kinds = _FILES if soak_files.can_plot() else _FILES[:2]
+    paths = {kind: report_base.with_name(f"{report_base.name}.{kind}") for kind in kinds}
     summary["files"] = {kind: str(path) for kind, path in paths.items()}
     passed = all(ok for _, ok, _ in checks)
     summary["passed"] = passed
@@ -483,7 +484,8 @@ def run_soak(
             else None
         ),
     )
-    write_atomic(paths["png"], soak_files.png(chart, rows))
+    if "png" in paths:
+        write_atomic(paths["png"], soak_files.png(chart, rows))
     write_atomic(paths["json"], json.dumps(summary, indent=2, sort_keys=True) + "\n")
     for name, ok, detail in checks:
         server.report.add(name, ok, detail)

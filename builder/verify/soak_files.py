@@ -1,14 +1,22 @@
 """The soak's files: the CSV a plot reads (one row per time bucket), the PNG chart, and the
-line a person reads. Plain writers of what verify/soak.py measured."""
+line a person reads. Plain writers of what verify/soak.py measured.
+
+The chart is drawn by matplotlib, the tool's optional `report` extra (`pip install
+'sm120-stacks[report]'`; `make venv` installs it): a machine without it still soaks and
+writes the CSV and JSON, and says that the chart was not drawn. `sm120-stacks report` draws the
+same chart from the CSV (builder.report).
+"""
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 from dataclasses import dataclass
 from typing import Any
 
-from builder.verify import plot
+#: What to run where the plotting library is missing.
+PLOT_HINT = "pip install 'sm120-stacks[report]' (matplotlib), as `make venv` does"
 
 CSV_COLUMNS = (
     "t_s",
@@ -44,32 +52,46 @@ class Chart:
     memory_bound_mb: float | None
 
 
+def can_plot() -> bool:
+    """Whether the plotting library is installed (the `report` extra)."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def png(chart: Chart, rows: list[dict[str, Any]]) -> bytes:
-    """Tokens/s, time to first token and the server's memory over the soak."""
+    """Tokens/s, time to first token and the server's memory over the soak, one panel each
+    over a shared time axis; the memory panel draws its bound. Needs can_plot()."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display wanted
 
-    def points(key: str) -> list[tuple[float, float | None]]:
-        return [(row["t_s"], row[key]) for row in rows]
+    def points(key: str) -> tuple[list[float], list[float]]:
+        kept = [(float(row["t_s"]), row[key]) for row in rows if row.get(key) not in (None, "")]
+        return [t for t, _ in kept], [float(v) for _, v in kept]
 
-    panels = [
-        plot.Panel("tokens/s", "all streams", [plot.Series("tokens/s", points("tokens_per_s"))]),
-        plot.Panel(
-            "time to first token",
-            "s",
-            [plot.Series("p50 of requests started", points("ttft_p50_s"), plot.ORANGE)],
-        ),
-        plot.Panel(
-            "server memory",
-            "MB",
-            [plot.Series("memory", [(t, mb) for t, mb in chart.memory], plot.GREEN)],
-            limit=chart.memory_bound_mb,
-            limit_label="bound",
-        ),
-    ]
-    verdict = "passed" if chart.passed else "FAILED"
-    title = f"soak {chart.stack} - {verdict} - {chart.streams} streams, {chart.ran_s:.0f} s" + (
-        f" - {chart.stopped}" if chart.stopped else ""
+    figure = Figure(figsize=(9, 7.5), dpi=100, layout="constrained")
+    tokens, ttft, memory = figure.subplots(3, 1, sharex=True)
+    tokens.plot(*points("tokens_per_s"), color="tab:blue", label="all streams")
+    tokens.set_ylabel("tokens/s")
+    ttft.plot(
+        *points("ttft_p50_s"), color="tab:orange", marker=".", label="p50 of requests started"
     )
-    return plot.chart(title, panels, "seconds into the soak")
+    ttft.set_ylabel("time to first token (s)")
+    times, values = [t for t, _ in chart.memory], [mb for _, mb in chart.memory]
+    memory.plot(times, values, color="tab:green", label="server memory")
+    if chart.memory_bound_mb is not None:
+        memory.axhline(chart.memory_bound_mb, color="tab:red", linestyle="--", label="bound")
+    memory.set_ylabel("memory (MB)")
+    memory.set_xlabel("seconds into the soak")
+    for axes in (tokens, ttft, memory):
+        axes.grid(alpha=0.3)
+        axes.legend(loc="upper right", fontsize="small")
+        axes.set_ylim(bottom=0)
+    verdict = "passed" if chart.passed else "FAILED"
+    figure.suptitle(
+        f"soak {chart.stack}: {verdict}, {chart.streams} streams, {chart.ran_s:.0f} s"
+        + (f" ({chart.stopped})" if chart.stopped else "")
+    )
+    out = io.BytesIO()
+    figure.savefig(out, format="png")
+    return out.getvalue()
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -85,7 +107,8 @@ def summary_line(summary: dict[str, Any]) -> str:
         f"{'-' if rate is None else format(rate, '.1f')} tok/s; "
         f"memory {'+' + format(grown, '.0f') + ' MB' if memory['samples'] else 'not measured'}"
         + (f"; {summary['stopped_early']}" if summary["stopped_early"] else "")
-        + f"\n  soak files: {summary['files']['json']} (.csv, .png)"
+        + f"\n  soak files: {summary['files']['json']} "
+        + ("(.csv, .png)" if "png" in summary["files"] else f"(.csv; no chart: {PLOT_HINT})")
     )
 
 
@@ -93,4 +116,4 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f} ms"
 
 
-__all__ = ["CSV_COLUMNS", "Chart", "csv_text", "png", "summary_line"]
+__all__ = ["CSV_COLUMNS", "PLOT_HINT", "Chart", "can_plot", "csv_text", "png", "summary_line"]
