@@ -11,7 +11,7 @@ median of each and the median of the per-pair ratios A/B, as a Markdown table:
 The stack is benchmarked through a child manifest (`extends: STACK`, plus a serve port for the
 serve rows) under its own name, so its moving tag never moves the real stack's while tests run.
 
-Usage: python bench/build_bench.py [--stack ci-mini] [--stacks-dir stacks]
+Usage: python bench/build_bench.py [--stack ci-mini] [--stacks-dir stacks] [--name bench-ci-mini]
         [--registry 127.0.0.1:5000] [--pairs 3] [--cold-pairs 1]
         [--ca-bundle /etc/ssl/certs/ca-certificates.crt]
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -44,7 +45,15 @@ from builder.spec.resolve import resolve
 CLI = [sys.executable, "-m", "builder"]
 
 
-def sh(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
+#: CPU seconds (user + system) of each tool run and its children (the docker client), in
+#: order: on a shared machine the wall clock also counts the other jobs' turns.
+TOOL_CPU: list[float] = []
+
+
+def sh(
+    argv: list[str], cwd: Path, env: dict[str, str] | None = None, cpu: list[float] | None = None
+) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(
         argv,
@@ -54,7 +63,14 @@ def sh(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> float:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if cpu is not None:
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return wall
+
+
+Row = tuple[str, float, float, float, float, float]
 
 
 def paired(
@@ -62,8 +78,10 @@ def paired(
     b: Callable[[], float],
     pairs: int,
     before: Callable[[], None] = lambda: None,
-) -> tuple[float, float, float]:
-    times_a, times_b, ratios = [], [], []
+) -> tuple[float, float, float, float, float]:
+    """Medians of A, B, A/B, A - B (what A spends beyond B) and A's CPU seconds."""
+    times_a, times_b, ratios, beyond = [], [], [], []
+    TOOL_CPU.clear()
     for _ in range(pairs):
         before()
         ta = a()
@@ -72,7 +90,15 @@ def paired(
         times_a.append(ta)
         times_b.append(tb)
         ratios.append(ta / tb)
-    return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
+        beyond.append(ta - tb)
+    cpu = statistics.median(TOOL_CPU) if TOOL_CPU else float("nan")
+    return (
+        statistics.median(times_a),
+        statistics.median(times_b),
+        statistics.median(ratios),
+        statistics.median(beyond),
+        cpu,
+    )
 
 
 def main() -> None:
@@ -83,6 +109,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--cold-pairs", type=int, default=1)
     parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
+    parser.add_argument(
+        "--name", help="the child stack's name (default bench-STACK): unique on a shared engine"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sm120-build-bench-"))
     shutil.copytree(args.stacks_dir, work / "stacks")
@@ -93,7 +122,7 @@ def main() -> None:
     client = detect_build_client()
     parent = args.stack
     original = f"extends: {parent}\n"
-    args.stack = f"bench-{args.stack}"
+    args.stack = args.name or f"bench-{args.stack}"
     stack_file = work / "stacks" / f"{args.stack}.yaml"
     stack_file.write_text(original)
     # The child changes only serve settings, which a lock's inputs leave out: the parent's lock,
@@ -105,8 +134,8 @@ def main() -> None:
         text = text.replace(f"stack: {parent}\n", f"stack: {args.stack}\n", 1)
         (work / "stacks" / f"{args.stack}.lock").write_text(text)
 
-    def tool(*extra: str) -> Callable[[], float]:
-        return lambda: sh([*CLI, *extra], work, env)
+    def tool(*extra: str, as_b: bool = False) -> Callable[[], float]:
+        return lambda: sh([*CLI, *extra], work, env, cpu=None if as_b else TOOL_CPU)
 
     def plain(*extra: str) -> Callable[[], float]:
         def run() -> float:
@@ -130,7 +159,7 @@ def main() -> None:
         stack_file.write_text(f"{original}serve:\n  port: {port}\n")
         sh([*CLI, "render", args.stack], work)
 
-    rows = []
+    rows: list[Row] = []
     sh([*CLI, "build", args.stack], work, env)
     sh([*CLI, "render", args.stack], work)
     rows.append(("no-op build", *paired(tool("build", args.stack), plain(), args.pairs)))
@@ -176,7 +205,7 @@ def main() -> None:
             "image onto an engine without it: pull vs build --no-cache",
             *paired(
                 tool("pull", args.stack, "--registry", args.registry),
-                tool("build", args.stack, "--no-cache"),
+                tool("build", args.stack, "--no-cache", as_b=True),
                 args.cold_pairs,
                 before=remove_image,
             ),
@@ -186,11 +215,15 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def _print(stack: str, rows: list[tuple[str, float, float, float]]) -> None:
+def _print(stack: str, rows: list[Row]) -> None:
     print(f"\n{stack}, medians over pairs run A B A B in one session\n")
-    print("| measurement | A: sm120-stacks (s) | B (s) | A/B |\n|---|---|---|---|")
-    for name, a, b, ratio in rows:
-        print(f"| {name} | {a:.2f} | {b:.2f} | {ratio:.2f} |")
+    print(
+        "| measurement | A: sm120-stacks (s) | B (s) | A/B | A - B (s) | A's CPU (s) |\n"
+        "|---|---|---|---|---|---|"
+    )
+    for name, a, b, ratio, beyond, cpu in rows:
+        print(f"| {name} | {a:.2f} | {b:.2f} | {ratio:.2f} | {beyond:.2f} | {cpu:.2f} |")
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
