@@ -12,7 +12,7 @@ package; the model at the image's /models path.
     python3 bench/h200_serve.py unpack PART_DIR...          # concatenates and extracts parts
     python3 bench/h200_serve.py serve NAME [--no-fi-cache] [--eager] [--fresh-caches] [--jobs N]
         [--attention-backend NAME] [--env KEY=VALUE]... [--cuda-cache] [--fresh-cuda-cache]
-        [--keep-fi-workspace] [--vllm-arg TOKEN]...
+        [--keep-fi-workspace] [--vllm-arg TOKEN]... [--cache-volume DIR]
 
 Each `serve` starts the server, waits for /health, times one streamed request (seconds from
 start to the first token), runs `sm120-stacks smoke STACK --url ... --server-log LOG`, stops the
@@ -31,6 +31,9 @@ a variable for the server only. --cuda-cache points the CUDA driver's JIT cache
 (CUDA_CACHE_PATH) at $H200_ROOT/caches/cuda, --fresh-cuda-cache empties it first; the summary
 line records its size and file count before and after the start. --keep-fi-workspace leaves
 FlashInfer's workspace as the last start left it (what that start compiled stays).
+--cache-volume DIR lays every cache out as a pinned host's cache volume does (DIR/live/vllm,
+triton, inductor, cute-dsl, flashinfer, cuda-driver: knowledge/cache_volume.yaml); H200_TOOL
+names the tool tree the smoke runs from (default: the bundle's snapshot).
 """
 
 from __future__ import annotations
@@ -175,6 +178,20 @@ def serve(name: str, options: list[str]) -> int:
         TRITON_CACHE_DIR=str(CACHES / "triton"),
         TORCHINDUCTOR_CACHE_DIR=str(CACHES / "inductor"),
     )
+    volume = _values(options, "--cache-volume")
+    if volume:
+        # A pinned host's layout (knowledge/cache_volume.yaml): every cache under DIR/live.
+        live = Path(volume[-1]) / "live"
+        env.pop("CUDA_CACHE_PATH", None)
+        env.update(
+            VLLM_CACHE_ROOT=str(live / "vllm"),
+            TRITON_CACHE_DIR=str(live / "triton"),
+            TORCHINDUCTOR_CACHE_DIR=str(live / "inductor"),
+            CUTE_DSL_CACHE_DIR=str(live / "cute-dsl"),
+            FLASHINFER_WORKSPACE_BASE=str(live / "flashinfer"),
+            CUDA_CACHE_PATH=str(live / "cuda-driver"),
+            CUDA_CACHE_MAXSIZE="4294967296",
+        )
     if jobs:
         env["MAX_JOBS"] = jobs
     env.update(extra_env)
@@ -231,7 +248,7 @@ def serve(name: str, options: list[str]) -> int:
         )
         result["first_token_s"] = None if first is None else round(first, 1)
         smoke_report = RESULTS / f"{name}-smoke.json"
-        tool = BUNDLE / "tool"
+        tool = Path(os.environ.get("H200_TOOL", str(BUNDLE / "tool")))
         smoke = subprocess.run(
             [
                 sys.executable,
