@@ -44,3 +44,16 @@ def test_a_failed_step_is_still_named_as_failed(tmp_path: Path) -> None:
     argv, client = client_printing(FAILED_STEP)
     with pytest.raises(BuildFailed, match=r"failed at step \[jit-cache 1/1\]"):
         _run_build("s", argv, client, tmp_path / "s.log", live=False)
+
+
+def test_a_stream_cut_off_by_the_engine_is_the_engine_unreachable() -> None:
+    """A push whose engine restarted under it ended in urllib3's ProtocolError, a traceback
+    (bench/results/faults/, before the fix): it is EngineUnreachable, which a push retries."""
+    import urllib3
+
+    from builder.errors import EngineUnreachable
+    from builder.image.docker_engine import _engine_errors
+
+    cut = pytest.raises(EngineUnreachable, match="dropped the connection mid-stream")
+    with cut, _engine_errors():
+        raise urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead(0 bytes)")

@@ -407,6 +407,7 @@ def memory_in_use(memory: Mapping[str, Any]) -> int | None:
 def _engine_errors() -> Iterator[None]:
     """SDK and transport exceptions as EngineError, with the daemon's message alone."""
     import requests
+    import urllib3
     from docker.errors import APIError, DockerException, NotFound
 
     try:
@@ -417,6 +418,11 @@ def _engine_errors() -> Iterator[None]:
         raise EngineError(_explanation(exc), status_code=exc.status_code) from exc
     except requests.exceptions.ConnectionError as exc:
         raise EngineUnreachable(f"the engine's API dropped the connection: {exc}") from exc
+    except urllib3.exceptions.ProtocolError as exc:
+        # A streamed answer (push, pull) cut off: the engine stopped or restarted under it.
+        raise EngineUnreachable(
+            f"the engine's API dropped the connection mid-stream: {exc}"
+        ) from exc
     except (DockerException, requests.exceptions.RequestException) as exc:
         raise EngineError(f"{exc.__class__.__name__}: {exc}") from exc
 
