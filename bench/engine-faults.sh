@@ -86,11 +86,11 @@ state() {  # state NAME: what the private engine and the workspace hold now
         pdocker ps -a --format '{{.Names}} {{.Status}} {{.Labels}}'
         echo "## records"
         for f in "$WORK"/build/*/records/*.json; do
-            [[ -f $f ]] && { echo "$f"; cat "$f"; }
+            if [[ -f $f ]]; then echo "$f"; cat "$f"; fi
         done
         echo "## stray temporary files under build/"
         find "$WORK/build" -name '.*.json.*' -o -name '.*.yaml.*' | sed 's/^/  /'
-    } >"$OUT/$1.state.txt" 2>&1
+    } >"$OUT/$1.state.txt" 2>&1 || true
 }
 registry_bg() {  # registry_bg NAME ADDR STORAGE [in-namespace]: a docker-registry of the bench
     local name=$1 addr=$2 storage=$3 where=${4:-}

@@ -8,8 +8,8 @@ a second run puts back):
 
 The registries are this module's own (docker-registry on a free port with its own storage, and
 a tiny HTTP server answering 500), so the shared one on :5000 is untouched. The engine restarted
-mid-build is not run: restarting the shared engine would break every other test using it
-(bench/FAULTS.md says what the code does there).
+mid-build, mid-push and mid-test, and a prune mid-test, are `make bench-faults`'s: on an engine of
+its own (bench/engine-faults.sh), never the shared one.
 """
 
 from __future__ import annotations
