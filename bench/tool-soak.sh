@@ -66,6 +66,7 @@ loop() {  # loop a|b HOST_INDEX: the rounds of one build folder, each step's out
     local root=$WORK/$id stack=soak-$1-$RUN_ID host=soak-$1-$RUN_ID-host
     local log=$OUT/loop-$id.txt
     bench_workspace "$root" "$stack" $'extends: ci-mini\nenv: {SOAK_ROUND: "0"}\n'
+    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$root/api-key"  # the server's key
     : >"$log"
     step() {  # step NAME ARGS...: one command of the round; false when it failed
         local name=$1 began=$SECONDS code=0
@@ -82,7 +83,8 @@ loop() {  # loop a|b HOST_INDEX: the rounds of one build folder, each step's out
             step test test "$stack" --mount "$MODEL:/models/tiny" &&
             step push push "$stack" --registry "$R/soak-$id" &&
             step pin pin "$host" "$stack" --engine "ssh://root@$NET.$index.2" --gpus none \
-                --port 8000:8000 --no-auth --volume "$MODEL:/models/tiny:ro" --registry "$R/soak-$id" &&
+                --port 8000:8000 --api-key-file "$root/api-key" --volume "$MODEL:/models/tiny:ro" \
+                --registry "$R/soak-$id" &&
             step deploy deploy "$host" --apply &&
             step verify verify "$host" || { status=1; break; }
     done
