@@ -56,14 +56,22 @@ def listing(volume: Path) -> Listing:
     return found
 
 
-def start(name: str, volume: Path, fresh: bool) -> int:
+def start(name: str, volume: Path, fresh: bool, serve_options: list[str]) -> int:
     if fresh:
         shutil.rmtree(volume, ignore_errors=True)
     (volume / cache_volume().live).mkdir(parents=True, exist_ok=True)
     before = listing(volume)
     restored = _restored(volume)
     rc = subprocess.call(
-        [sys.executable, str(HERE / "h200_serve.py"), "serve", name, "--cache-volume", str(volume)]
+        [
+            sys.executable,
+            str(HERE / "h200_serve.py"),
+            "serve",
+            name,
+            "--cache-volume",
+            str(volume),
+            *serve_options,
+        ]
     )
     after = listing(volume)
     proof = compare(cache_volume(), before, after, restored)
@@ -200,7 +208,9 @@ def _record(line: dict[str, object]) -> None:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["start"]:
-        return start(argv[1], Path(argv[2]), "--fresh" in argv[3:])
+        rest = argv[3:]
+        options = rest[rest.index("--") + 1 :] if "--" in rest else []
+        return start(argv[1], Path(argv[2]), "--fresh" in rest[: rest.index("--")] if "--" in rest else "--fresh" in rest, options)
     if argv[:1] == ["capture"]:
         return capture(Path(argv[1]), Path(argv[2]))
     if argv[:1] == ["restore"]:

@@ -28,5 +28,16 @@ case "${1:?phase}" in
     cp "$R/results/warm.jsonl" "$R/results/summary.jsonl" "$OUT/" 2>/dev/null || true
     ls -la "$OUT"
     ;;
+  fa2)
+    # FA2 from its sm_80 PTX: the CUDA driver's JIT cache (CUDA_CACHE_PATH in live/cuda-driver).
+    FA2=(-- --attention-backend FLASH_ATTN --vllm-arg --attention-config.flash_attn_version=2)
+    "${W[@]}" start fa2-a-cold "$R/vol-fa2" --fresh "${FA2[@]}"
+    "${W[@]}" capture "$R/vol-fa2" "$R/artifact-fa2"
+    "${W[@]}" restore "$R/artifact-fa2" "$R/vol-fa2"
+    SERVE_TIMEOUT_S=200 "${W[@]}" start fa2-b-restored "$R/vol-fa2" "${FA2[@]}"
+    mkdir -p "$OUT"
+    tar -C "$R/results" -cJf "$OUT/h200-warm-fa2.tar.xz" .
+    cp "$R/results/warm.jsonl" "$OUT/" 2>/dev/null || true
+    ;;
   *) echo "unknown phase $1" >&2; exit 2 ;;
 esac

@@ -45,24 +45,26 @@ class CapturedFile:
 
 
 class _ChunkReader(io.RawIOBase):
-    """A file object over an iterator of byte chunks (the engine's tar stream)."""
+    """A file object over an iterator of byte chunks (the engine's tar stream). Reads advance
+    an offset into the current chunk: slicing it instead would copy the rest at every read."""
 
     def __init__(self, chunks: Iterable[bytes]) -> None:
         self._chunks: Iterator[bytes] = iter(chunks)
-        self._rest = b""
+        self._chunk = memoryview(b"")
+        self._at = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        while not self._rest:
+        while self._at >= len(self._chunk):
             try:
-                self._rest = next(self._chunks)
+                self._chunk, self._at = memoryview(next(self._chunks)), 0
             except StopIteration:
                 return 0
-        size = min(len(buffer), len(self._rest))
-        buffer[:size] = self._rest[:size]
-        self._rest = self._rest[size:]
+        size = min(len(buffer), len(self._chunk) - self._at)
+        buffer[:size] = self._chunk[self._at : self._at + size]
+        self._at += size
         return size
 
 
