@@ -209,8 +209,10 @@ def _record(line: dict[str, object]) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["start"]:
         rest = argv[3:]
-        options = rest[rest.index("--") + 1 :] if "--" in rest else []
-        return start(argv[1], Path(argv[2]), "--fresh" in rest[: rest.index("--")] if "--" in rest else "--fresh" in rest, options)
+        mine, options = (
+            (rest[: rest.index("--")], rest[rest.index("--") + 1 :]) if "--" in rest else (rest, [])
+        )
+        return start(argv[1], Path(argv[2]), "--fresh" in mine, options)
     if argv[:1] == ["capture"]:
         return capture(Path(argv[1]), Path(argv[2]))
     if argv[:1] == ["restore"]:

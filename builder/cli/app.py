@@ -226,6 +226,7 @@ COMMAND_MODULES = {
     "propose": "builder.cli.upstream",
     "diff": "builder.cli.upstream",
     "evidence": "builder.cli.evidence",
+    "cache": "builder.cli.warm",
     "report": "builder.cli.report",
     "docs": "builder.cli.docs",
 }
