@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from builder.cli import hosts as cli_hosts
+from builder.cli import lock as cli_lock
 from builder.errors import StackError
 from builder.lock.lockfile import LockedBase, resolve_base
 from tests.test_hosts import STACK, _lock_for
@@ -118,7 +118,7 @@ def test_lock_writes_nothing_when_the_registry_refuses(
     lock = stacks_dir / f"{STACK}.lock"
     before = lock.read_bytes()
     engine = _Engine(_error(401, "unauthorized: authentication required"))
-    monkeypatch.setattr(cli_hosts, "_engine", lambda settings: (engine, None))
+    monkeypatch.setattr(cli_lock, "_engine", lambda settings: (engine, None))
     result = run_cli("lock", STACK, stacks_dir=stacks_dir)
     assert result.exit_code == 2, result.output
     assert IMAGE in result.output and "Traceback" not in result.output
@@ -134,8 +134,8 @@ def test_lock_says_loudly_when_a_base_stays_unpinned(
     made = _lock_for(resolve(STACK, stacks_dir))
     unpinned = LockedBase(image=IMAGE, note="NOT PINNED: registry not reachable (dial tcp)")
     made = made.model_copy(update={"bases": made.bases.model_copy(update={"runtime": unpinned})})
-    monkeypatch.setattr(cli_hosts, "make_lock", lambda *args: made)
-    monkeypatch.setattr(cli_hosts, "_engine", lambda settings: (None, None))
+    monkeypatch.setattr(cli_lock, "make_lock", lambda *args: made)
+    monkeypatch.setattr(cli_lock, "_engine", lambda settings: (None, None))
     result = run_cli("lock", STACK, stacks_dir=stacks_dir)
     assert result.exit_code == 0, result.output
     assert f"warning: runtime base {IMAGE} is NOT pinned by digest" in result.output

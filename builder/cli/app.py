@@ -217,7 +217,7 @@ COMMAND_MODULES = {
     "schema": "builder.cli.stacks",
     "test": "builder.cli.verify",
     "smoke": "builder.cli.verify",
-    "lock": "builder.cli.hosts",
+    "lock": "builder.cli.lock",
     "pin": "builder.cli.hosts",
     "deploy": "builder.cli.hosts",
     "verify": "builder.cli.hosts",
