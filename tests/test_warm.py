@@ -157,3 +157,5 @@ def test_the_proof_counts_new_files_by_kind_and_rewritten_ones() -> None:
     assert same.zero and same.summary() == "cold: nothing compiled since the start"
     touched = compare(cache_volume(), before, {"triton/G/k.cubin": FileEntry(5, 300, 0o644)}, None)
     assert touched.rewritten == 1 and not touched.zero
+    unknown = compare(cache_volume(), None, now, None)
+    assert not unknown.zero and unknown.summary().startswith("unknown: no listing")

@@ -82,12 +82,17 @@ class Proof:
     compiled: dict[str, int]
     examples: list[str]
     rewritten: int
+    #: False: no listing from just before this start (a container started by hand or by an
+    #: older tool), so what it compiled cannot be told from what earlier starts did.
+    known: bool = True
 
     @property
     def zero(self) -> bool:
-        return not self.compiled and not self.rewritten
+        return self.known and not self.compiled and not self.rewritten
 
     def summary(self) -> str:
+        if not self.known:
+            return "unknown: no listing of the cache volume from just before this start"
         start = f"warm (restored {self.restored[:19]})" if self.restored else "cold"
         if self.zero:
             return f"{start}: nothing compiled since the start"
@@ -102,6 +107,7 @@ class Proof:
             "compiled": self.compiled,
             "rewritten": self.rewritten,
             "examples": self.examples,
+            "known": self.known,
             "zero_compiles": self.zero,
         }
 
@@ -259,6 +265,7 @@ def prove(engine: Engine, target: WarmTarget) -> Proof:
 def compare(
     layout: CacheVolume, before: Listing | None, now: Listing, restored: dict[str, Any] | None
 ) -> Proof:
+    known = before is not None
     before = before or {}
     new = sorted(path for path in now if path not in before)
     rewritten = sum(
@@ -273,6 +280,7 @@ def compare(
         compiled=dict(kinds),
         examples=new[:5],
         rewritten=rewritten,
+        known=known,
     )
 
 
