@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR
+from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR, console_width
 from builder.errors import EXIT_BAD_INPUT, EngineError, OperationFailed, StackError
 from builder.image import address
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
@@ -35,7 +35,8 @@ from builder.spec.substitute import Substitutions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-out = Console(highlight=False, width=160)
+#: What commands print tables and lines through: as wide as the terminal (console_width).
+out = Console(highlight=False, width=console_width())
 
 
 def user_errors(func: F) -> F:

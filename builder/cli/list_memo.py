@@ -21,11 +21,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from builder.cli import console_width
 from builder.files import write_atomic
 from builder.image.uptodate import fingerprint
 
 SCHEMA = 1
-#: What changes how rich shows the table (colours, a terminal or a pipe).
+#: What changes how rich shows the table (colours, a terminal or a pipe); its width is
+#: console_width's, also in the key.
 DISPLAY_ENV = ("TERM", "COLORTERM", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE")
 
 
@@ -44,7 +46,8 @@ def _key(stacks_dir: Path, wheels: Sequence[str], records: Sequence[str]) -> str
             facts = "missing"
         digest.update(f"{record}\0{facts}\0".encode())
     display = {name: os.environ.get(name, "") for name in DISPLAY_ENV}
-    digest.update(json.dumps([sys.stdout.isatty(), display], sort_keys=True).encode())
+    shown = [sys.stdout.isatty(), console_width(), display]
+    digest.update(json.dumps(shown, sort_keys=True).encode())
     return digest.hexdigest()
 
 
