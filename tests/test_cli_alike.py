@@ -61,3 +61,26 @@ def test_the_console_takes_the_width_of_the_terminal(tmp_path: Path) -> None:
         narrow = _list(tmp_path / "cols", {**_plain_env(), "COLUMNS": columns}, capture_output=True)
         assert narrow.returncode == 0, narrow.stderr
         assert _widest(narrow.stdout) <= int(columns)
+
+
+def test_the_smoke_title_names_the_server_in_one_pair_of_parentheses(
+    tmp_path: Path, stacks_dir: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from tests.conftest import cli
+    from tests.support.fake_chat import Behaviour, fake_chat_server, url_of
+
+    (stacks_dir / "url-smoke.yaml").write_text(
+        "extends: vllm-0.22-b12x\n"
+        "smoke: {concurrency: 2, floors: {single_stream_tok_s: 0, batched_tok_s: 0}}\n"
+    )
+    with fake_chat_server(Behaviour(answers=True)) as server:
+        url = url_of(server)
+        args = ["--stacks-dir", str(stacks_dir), "smoke", "url-smoke", "--url", url]
+        said = CliRunner().invoke(
+            cli, [*args, "--report", str(tmp_path / "s.json")], catch_exceptions=False
+        )
+    assert said.exit_code == 0, said.output
+    assert f"smoke url-smoke (server at {url}): PASSED" in said.stderr
+    assert "((" not in said.stderr and "))" not in said.stderr

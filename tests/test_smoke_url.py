@@ -113,7 +113,7 @@ def test_the_cli_judges_a_running_server_and_names_what_it_read(
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(report_path.read_text())
     assert report["passed"] and report["target"] == "url"
-    assert report["image"] == f"(server at {url})"
+    assert report["image"] == f"server at {url}"
     answers = [c["detail"] for c in report["checks"] if c["name"] == CHECK_ANSWER]
     assert answers and all("Frankfort" in a for a in answers)
     assert report["runtime_compiles"] == {"kinds": [], "events": []}
