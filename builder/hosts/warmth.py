@@ -19,6 +19,7 @@ from builder.image.engine import Engine
 from builder.image.hostprobe import HostFacts, gather
 from builder.spec.cache_volume import cache_volume
 from builder.warm import artifact
+from builder.warm.archive import CapturedFile
 from builder.warm.artifact import Found
 from builder.warm.host import (
     Proof,
@@ -30,6 +31,7 @@ from builder.warm.host import (
     restore,
 )
 from builder.warm.key import WarmKey
+from builder.warm.ranks import held_ranks, missing_ranks
 from builder.warm.volume import open_volume
 
 
@@ -139,7 +141,21 @@ def capture_pin(pin: Pin, engine: Engine, default: str | None) -> str:
         f"{pin.host} as {digest[:19]}, beside {pin.image}\n"
         f"key {key.digest()[:19]}: {gpu}, driver {key.driver or 'none'}, model {key.model}, "
         f"TP {key.tensor_parallel} x PP {key.pipeline_parallel}, mounted at {key.mount}"
+        + _ranks_line(key, files)
     )
+
+
+def _ranks_line(key: WarmKey, files: list[CapturedFile]) -> str:
+    """Which workers' torch.compile folders the capture holds, where it holds any; those of
+    the parallel shape it lacks compile at every restored start."""
+    held = held_ranks(f.path for f in files)
+    if not held:
+        return ""
+    line = f"\nranks: {' '.join(r.folder for r in held)}"
+    missing = missing_ranks(key.tensor_parallel, key.pipeline_parallel, held)
+    if missing:
+        line += f" (lacks {', '.join(missing)}: those workers compile after a restore)"
+    return line
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from builder.evidence.documents import KIND_ANNOTATION, SUBJECT_ANNOTATION, WARM
 from builder.evidence.oci import ArtifactStore, Descriptor
 from builder.warm.archive import CapturedFile
 from builder.warm.key import WarmKey, canonical
+from builder.warm.ranks import ranks_summary
 
 KEY_TYPE = "application/vnd.sm120-stacks.warm-key.v1+json"
 FILES_TYPE = "application/vnd.sm120-stacks.warm-files.v1+json"
@@ -52,7 +53,7 @@ def push(
     scratch.mkdir(exist_ok=True)
     key_file, files_file = scratch / "key.json", scratch / "files.json"
     key_file.write_bytes(canonical(key.model_dump()))
-    files_file.write_bytes(canonical({"files": [f.to_json() for f in files]}))
+    files_file.write_bytes(canonical(files_document(files)))
     annotations = {
         SUBJECT_ANNOTATION: key.image,
         KIND_ANNOTATION: "warm-cache",
@@ -67,6 +68,16 @@ def push(
         key_file.unlink(missing_ok=True)
         files_file.unlink(missing_ok=True)
         scratch.rmdir()
+
+
+def files_document(files: list[CapturedFile]) -> dict[str, object]:
+    """files.json: every file with its digest, and per rank (rank_R_D, vLLM's per-worker
+    torch.compile folders) how many of them and their bytes, for a reader of the registry; a
+    restore works the ranks out from the paths again (builder/warm/ranks.py)."""
+    return {
+        "files": [f.to_json() for f in files],
+        "ranks": ranks_summary((f.path, f.size) for f in files),
+    }
 
 
 def find(store: ArtifactStore, image_digest: str) -> list[Found]:

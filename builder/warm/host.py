@@ -26,7 +26,7 @@ from builder.evidence.oci import ArtifactStore
 from builder.image.engine import Engine
 from builder.image.hostprobe import HostFacts
 from builder.spec.cache_volume import CacheVolume, cache_volume
-from builder.warm import archive, artifact
+from builder.warm import archive, artifact, ranks
 from builder.warm.key import (
     WarmKey,
     gpu_identity,
@@ -167,6 +167,9 @@ def restore(
     require_warm: bool = False,
 ) -> RestoreResult:
     """Fill the host's cache volume from the artifact of exactly its key (see the module)."""
+    tensor, pipeline = parallel_shape(target.command)
+    gpus = len(gpu_identity(facts, target.gpu_indices)[0])
+    ranks.require_gpus(target.host, tensor, pipeline, gpus)
     layout = cache_volume()
     with open_volume(
         engine, target.image, target.volume, layout, list(target.read_only_mounts)
@@ -236,13 +239,25 @@ def _restore_one(
             f"the restore into {target.volume} did not land whole ({len(staged)} of "
             f"{len(listed)} files): nothing was swapped in",
         )
-    access.swap_in(folder, {"artifact": digest, "key": key.digest(), "files": len(files)})
+    held = ranks.held_ranks(f.path for f in files)
+    access.swap_in(
+        folder,
+        {
+            "artifact": digest,
+            "key": key.digest(),
+            "files": len(files),
+            "ranks": [r.folder for r in held],
+        },
+    )
     _write_base(access)
     size = sum(f.size for f in files)
+    missing = ranks.missing_ranks(key.tensor_parallel, key.pipeline_parallel, held)
+    lacking = f"; it lacks {', '.join(missing)}: those workers compile" if missing else ""
+    held_text = f", ranks {' '.join(r.folder for r in held)}" if held else ""
     return RestoreResult(
         digest,
-        f"restored warm cache {digest[:19]} ({len(files)} files, {size / 1e6:.1f} MB, "
-        f"captured on {found.captured_on})",
+        f"restored warm cache {digest[:19]} ({len(files)} files, {size / 1e6:.1f} MB"
+        f"{held_text}, captured on {found.captured_on}){lacking}",
     )
 
 
