@@ -89,6 +89,8 @@ def _capture_test(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(cli_verify, "validate", validate)
     monkeypatch.setattr("builder.image.docker_engine.connect_engine", lambda address: object())
+    # No engine to ask for a GPU: the smoke is skipped, so no model folder is needed either.
+    monkeypatch.setattr(cli_verify, "_smoke_skipped", lambda *args: "skipped by the test")
     return seen
 
 
