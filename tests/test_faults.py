@@ -276,6 +276,46 @@ def test_a_failure_the_engine_retried_is_not_retried_again() -> None:
     assert "nothing was recorded" in message
 
 
+class _NamesEngine:
+    """An engine that keeps its names (ref -> image id); the push of the moving tag fails."""
+
+    IMAGE = "sha256:" + "2" * 64
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = dict(names)
+
+    def image(self, ref: str) -> object:
+        from builder.image.engine import Image
+
+        held = self.names.get(ref)
+        return None if held is None else Image(held, {})
+
+    def tag(self, image: str, ref: str) -> None:
+        self.names[ref] = image
+
+    def untag(self, ref: str) -> None:
+        del self.names[ref]
+
+    def push(self, repository: str, tag: str, progress: object = None) -> str:
+        if tag == "faults":
+            raise EngineError("unauthorized: authentication required", status_code=500)
+        return "sha256:" + "3" * 64
+
+
+def test_a_failed_push_takes_off_the_registry_tags_it_put_on() -> None:
+    """The engine pushes a local name, so push tags the image REGISTRY/REPO:TAG first; a push
+    that failed left that tag behind (bench/results/faults/4-*), a name no record gives. Now
+    it is taken off, also when the content tag went and the moving tag failed; a name the
+    image had before the push stays."""
+    registry = Registry.parse("127.0.0.1:5998/faults")
+    local = "sm120-stacks:faults-0123"
+    earlier = registry.ref("faults")  # the moving tag, from an earlier push of this image
+    engine = _NamesEngine({local: _NamesEngine.IMAGE, earlier: _NamesEngine.IMAGE})
+    with pytest.raises(OperationFailed, match="unauthorized"):
+        push(engine, registry, local, "faults", "0" * 64)  # type: ignore[arg-type]
+    assert engine.names == {local: _NamesEngine.IMAGE, earlier: _NamesEngine.IMAGE}
+
+
 def test_the_engine_saying_it_retried_marks_the_error() -> None:
     with pytest.raises(EngineError) as raised:
         parse_progress_stream(iter([{"error": "dial tcp: connection refused"}]))

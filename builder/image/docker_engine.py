@@ -290,6 +290,11 @@ class DockerEngine:
         with _engine_errors():
             self.sdk.api.tag(image, repository, tag=tag)
 
+    def untag(self, ref: str) -> None:
+        with _engine_errors():
+            # noprune: untagging never deletes the image's untagged parent layers.
+            self.sdk.api.remove_image(ref, noprune=True)
+
     def push(self, repository: str, tag: str, progress: OnLayer | None = None) -> str:
         with _engine_errors():
             return parse_progress_stream(
@@ -321,9 +326,12 @@ class DockerEngine:
         except EngineNotFound:
             return None
 
-    def containers(self, *, label: str) -> list[Container]:
+    def containers(self, *, label: str | None = None, volume: str | None = None) -> list[Container]:
+        filters = {"label": label} if label is not None else {}
+        if volume is not None:
+            filters["volume"] = volume
         with _engine_errors():
-            found = self.sdk.containers.list(all=True, filters={"label": label})
+            found = self.sdk.containers.list(all=True, filters=filters)
         return [DockerContainer(c) for c in found]
 
 

@@ -226,6 +226,11 @@ class Engine(Protocol):
         """Point ref (repository[:tag]) at image (an ID or a reference)."""
         ...
 
+    def untag(self, ref: str) -> None:
+        """Remove the name ref (repository:tag) from its image, which stays while another name
+        holds it (a failed push's registry tag: builder.image.registry.push)."""
+        ...
+
     def push(self, repository: str, tag: str, progress: OnLayer | None = None) -> str:
         """Push repository:tag; the pushed manifest's digest ("" if the engine named none).
         progress: told each layer event as it streams in."""
@@ -243,8 +248,9 @@ class Engine(Protocol):
 
     def container(self, name: str) -> Container | None: ...
 
-    def containers(self, *, label: str) -> list[Container]:
-        """Every container, running or not, with this label (`key` or `key=value`)."""
+    def containers(self, *, label: str | None = None, volume: str | None = None) -> list[Container]:
+        """Every container, running or not, with this label (`key` or `key=value`) and/or
+        mounting this volume."""
         ...
 
 

@@ -78,23 +78,52 @@ def push(
     progress: OnLayer | None = None,
 ) -> str:
     """Push the content tag and the moving stack tag; return repo@sha256 of the image.
-    progress: told each layer event of both pushes (the second finds every layer there)."""
+    progress: told each layer event of both pushes (the second finds every layer there).
+
+    The engine pushes a local name, so each tag is first put on the image as
+    REGISTRY/REPO:TAG. A push that fails takes off the names it put there (not one the image
+    already had): a failed push leaves no tag on this engine that no record names."""
     image = engine.image(local_ref)
     if image is None:
         raise RegistryError(f"there is no local image {local_ref} to push")
-    digest = ""
-    for tag in (content_tag(stack, content_hash), stack):
-        engine.tag(image.id, registry.ref(tag))
+    added: list[str] = []
+    try:
+        digest = ""
+        for tag in (content_tag(stack, content_hash), stack):
+            if _tag_new(engine, image.id, registry.ref(tag)):
+                added.append(registry.ref(tag))
 
-        def push_tag(tag: str = tag) -> str:
-            return _answered("push", tag, lambda: engine.push(registry.repository, tag, progress))
+            def push_tag(tag: str = tag) -> str:
+                return _answered(
+                    "push", tag, lambda: engine.push(registry.repository, tag, progress)
+                )
 
-        # Every tag is sent (the moving tag too); the digest is the same image's for both.
-        pushed = _with_retries(registry, push_tag)
-        digest = digest or pushed
-    if not digest:
-        raise RegistryError(f"push to {registry.repository} reported no digest")
+            # Every tag is sent (the moving tag too); the digest is the same image's for both.
+            pushed = _with_retries(registry, push_tag)
+            digest = digest or pushed
+        if not digest:
+            raise RegistryError(f"push to {registry.repository} reported no digest")
+    except BaseException:
+        _untag_quietly(engine, added)
+        raise
     return f"{registry.repository}@{digest}"
+
+
+def _tag_new(engine: Engine, image_id: str, ref: str) -> bool:
+    """Put ref on the image; whether it is a name the image did not have before."""
+    held = engine.image(ref)
+    engine.tag(image_id, ref)
+    return held is None or held.id != image_id
+
+
+def _untag_quietly(engine: Engine, refs: list[str]) -> None:
+    """Take refs off their image as far as the engine lets: the push's own failure is what is
+    reported (an engine that went down keeps the names; the next push reuses them)."""
+    for ref in refs:
+        try:
+            engine.untag(ref)
+        except EngineError:
+            continue
 
 
 def pull(

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -46,6 +44,7 @@ from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import CompileFindings, find_compiles, smoke_environment
 from builder.verify.garbage import answer_matches, garbage_reasons
 from builder.verify.kernel_cache import CacheWatches
+from builder.verify.owner import OWNER_LABEL, owner, reap_orphans
 from builder.verify.smoke_report import (
     CHECK_ANSWER,
     CHECK_BATCHED,
@@ -74,16 +73,6 @@ LOG_TAIL_LINES = 25
 #: compiled from PTX while the server started and served is named there, since nothing logs it.
 DRIVER_CACHE = "/var/cache/sm120-stacks/cuda-driver"
 DRIVER_ENV = {"CUDA_CACHE_PATH": DRIVER_CACHE, "CUDA_CACHE_MAXSIZE": "4294967296"}
-
-
-#: Which run made a container: two users' (or two clones') runs on one engine tell theirs
-#: apart by it, and clean up only their own.
-OWNER_LABEL = "sm120-stacks.owner"
-
-
-def owner() -> str:
-    """This process, on this machine: the identity of the run that starts a container."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 # --- GPU gate ----------------------------------------------------------------------------------
@@ -141,6 +130,7 @@ def run_smoke(
     began = time.monotonic()
     if kernel_cache is not None:
         kernel_cache.before()
+    reap_orphans(engine, log)  # what a run the engine lost left behind (verify/owner.py)
     container = _start(engine, image_ref, stack, mounts, gpu, report, log)
     try:
         if container is not None:

@@ -32,6 +32,7 @@ from builder.render.context import RenderedContext
 from builder.spec.resolve import ResolvedStack
 from builder.verify.device_code import device_code_finding
 from builder.verify.expectations import expectations
+from builder.verify.owner import OWNER_LABEL, owner, reap_orphans
 from builder.verify.report import CacheRow, CheckResult, TestReport
 from builder.verify.served import served_verdict
 
@@ -55,12 +56,14 @@ def run_static_checks(
     from builder.verify.run_checks import CheckInputs, run_checks  # pytest: only when checking
 
     inputs = CheckInputs(expect, image.attrs, proxy_ca_lines(proxy_ca))
+    reap_orphans(engine)  # what a run the engine lost left behind (verify/owner.py)
     container = engine.run(
         ContainerSpec(
             image=image_ref,
             entrypoint=("sleep",),
             command=("infinity",),
             name=f"sm120-check-{stack.name}-{uuid.uuid4().hex[:8]}",
+            labels={"sm120-stacks.check": stack.name, OWNER_LABEL: owner()},
             network_mode="none",
         )
     )

@@ -209,9 +209,11 @@ def test_a_registry_that_stops_or_answers_500_mid_push(
     private_registry: PrivateRegistry,
     registry_500: str,
     workspace: Path,
+    api: Any,
 ) -> None:
     """Lost: nothing. Each push fails once the engine's own retries are spent (~50 s, not five
-    times that), with a message naming the registry; no digest is recorded; a push to the
+    times that), with a message naming the registry; no digest is recorded, and no
+    REGISTRY/REPO:TAG name that the push put on the image stays on it; a push to the
     registry once it is back succeeds and is recorded. The two pushes run at once: each
     waits out dockerd's retries."""
     name, content_hash = blob_stack
@@ -242,6 +244,9 @@ def test_a_registry_that_stops_or_answers_500_mid_push(
     recorded = pushed(workspace, name, content_hash)
     assert repository not in recorded and f"{registry_500}/{REPOSITORY}" not in recorded
     assert not stray_temp_files(workspace, name)
+    names = api.images.get(local_ref(name, content_hash)).tags
+    left = [t for t in names if t.startswith((f"{private_registry.host}/", f"{registry_500}/"))]
+    assert not left, f"the failed pushes left their tags on the image: {left}"
     private_registry.start()
     again = start_tool(workspace, "push", name, "--force", "--registry", private_registry.host)
     out, err = again.communicate(timeout=300)
