@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import pty
 import re
@@ -13,8 +14,11 @@ import struct
 import subprocess
 import sys
 import termios
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from click.testing import Result
 
 from builder import REPO_ROOT
 from tests.conftest import STACKS
@@ -84,3 +88,88 @@ def test_the_smoke_title_names_the_server_in_one_pair_of_parentheses(
     assert said.exit_code == 0, said.output
     assert f"smoke url-smoke (server at {url}): PASSED" in said.stderr
     assert "((" not in said.stderr and "))" not in said.stderr
+
+
+# --- deploy and verify: one path for one host or all -------------------------------------------
+
+NOWHERE = "unix:///nonexistent/sm120-alike.sock"
+
+
+def _pinned(stacks_dir: Path, tmp_path: Path, folder: Path, **options: Any) -> None:
+    from builder.hosts.pins import write_pin
+    from tests.test_fleet import _pin
+
+    write_pin(folder, _pin(stacks_dir, tmp_path, **options))
+
+
+def test_options_that_judge_a_start_are_refused_without_apply(
+    run_cli: Callable[..., Result],
+) -> None:
+    for given in (
+        ["--no-smoke"],
+        ["--gate-timeout", "5"],
+        ["--json"],
+        ["--require-warm"],
+        ["--cold"],
+    ):
+        for target in (["gpu-a"], ["--all"]):
+            refused = run_cli("deploy", *target, *given)
+            assert refused.exit_code == 2, (given, refused.output)
+            assert f"{given[0]} applies to a deploy that starts the server" in refused.output
+    product = run_cli("deploy", "gpu-a", "--gpu-product", "NVIDIA-RTX-PRO-6000")
+    assert product.exit_code == 2 and "with --format k8s only" in product.output
+
+
+def test_one_host_is_deployed_through_the_roll_as_all_are(
+    stacks_dir: Path, tmp_path: Path, run_cli: Callable[..., Result]
+) -> None:
+    """A host whose engine does not answer: `deploy HOST --apply` and `deploy --all --apply`
+    say the same (the roll's table, the error on stderr, exit 2), JSON alike."""
+    hosts = tmp_path / "pins"
+    _pinned(stacks_dir, tmp_path, hosts, engine=NOWHERE)
+    said = {}
+    for target in (["gpu-a"], ["--all"]):
+        result = run_cli("--hosts-dir", str(hosts), "deploy", *target, "--apply", "--json")
+        assert result.exit_code == 2, result.output
+        (row,) = json.loads(result.stdout)
+        assert row["status"] == "failed" and row["detail"].startswith("engine not reached")
+        assert "\nerror: gpu-a: " in result.stderr  # after the paths of the files written
+        said[target[0]] = row
+    assert said["gpu-a"] == said["--all"]
+    table = run_cli("--hosts-dir", str(hosts), "deploy", "gpu-a", "--apply")
+    assert "the roll stopped at gpu-a (failed)" in table.stdout
+
+
+def test_hosts_dir_is_global_and_the_commands_option_its_alias(
+    stacks_dir: Path, tmp_path: Path, run_cli: Callable[..., Result]
+) -> None:
+    hosts = tmp_path / "pins"
+    _pinned(stacks_dir, tmp_path, hosts)
+    first = run_cli("--hosts-dir", str(hosts), "deploy", "gpu-a", "--out", str(tmp_path / "g"))
+    assert first.exit_code == 0, first.output
+    assert (tmp_path / "g" / "compose.yaml").is_file()
+    alias = run_cli("deploy", "gpu-a", "--hosts-dir", str(hosts), "--out", str(tmp_path / "a"))
+    assert alias.exit_code == 0, alias.output
+    assert (tmp_path / "a" / "compose.yaml").read_text() == (
+        tmp_path / "g" / "compose.yaml"
+    ).read_text()
+    missing = run_cli("deploy", "gpu-a")  # hosts/ beside the stacks folder: none there
+    assert missing.exit_code == 2 and "no pin for host 'gpu-a'" in missing.output
+
+
+def test_verify_prints_one_table_for_one_host_or_all(
+    stacks_dir: Path, tmp_path: Path, run_cli: Callable[..., Result]
+) -> None:
+    hosts = tmp_path / "pins"
+    _pinned(stacks_dir, tmp_path, hosts, engine=NOWHERE)
+    one = run_cli("--hosts-dir", str(hosts), "verify", "gpu-a")
+    every = run_cli("--hosts-dir", str(hosts), "verify", "--all")
+    assert one.exit_code == every.exit_code == 1, one.output + every.output
+    header = [line for line in one.stdout.splitlines() if "host" in line and "warm" in line]
+    assert header and header[0] in every.stdout
+    rows = [line for line in one.stdout.splitlines() if line.startswith("│ gpu-a")]
+    assert rows and all(row in every.stdout for row in rows)
+    drifts = [line for line in one.stdout.splitlines() if line.startswith("gpu-a: DRIFT")]
+    assert drifts and all(line in every.stdout for line in drifts)
+    assert one.stdout.strip().endswith("drift(s)")
+    assert every.stdout.strip().endswith("1 of 1 host(s) drift")

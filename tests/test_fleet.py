@@ -311,7 +311,7 @@ def _fleet(
     previous: dict[str, Pin],
     applied: list[tuple[str, str]],
 ) -> Fleet:
-    def fake_apply(pin: Pin, engine: Any) -> str:
+    def fake_apply(pin: Pin, engine: Any, before_start: Any = None) -> str:
         applied.append((pin.host, pin.image[-4:]))
         return f"started {pin.container}"
 

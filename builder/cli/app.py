@@ -95,10 +95,18 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 class Settings:
-    def __init__(self, stacks_dir: Path, build_dir: Path, substitutions: Substitutions) -> None:
+    def __init__(
+        self,
+        stacks_dir: Path,
+        build_dir: Path,
+        substitutions: Substitutions,
+        hosts_dir: Path | None = None,
+    ) -> None:
         self.stacks_dir = stacks_dir
         self.build_dir = build_dir
         self.substitutions = substitutions
+        #: Folder of host pins: --hosts-dir, else hosts/ beside the stacks folder.
+        self.hosts_dir = hosts_dir if hosts_dir is not None else stacks_dir.parent / "hosts"
         self._digests: DigestCache | None = None
         #: The engine a command works on, as --engine said; unset: DOCKER_HOST, else the local
         #: socket (`engine_address`). Handed to the engine adapter and the build client, never
@@ -274,6 +282,12 @@ def import_all_commands() -> None:
     help="Where build contexts, logs and reports go.",
 )
 @click.option(
+    "--hosts-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Folder of host pins (HOST.yaml)  [default: hosts/ beside the stacks folder]",
+)
+@click.option(
     "--substitute-base",
     "substitute",
     multiple=True,
@@ -284,7 +298,13 @@ def import_all_commands() -> None:
 )
 @click.version_option(package_name="sm120-stacks")
 @click.pass_context
-def cli(ctx: click.Context, stacks_dir: Path, build_dir: Path, substitute: tuple[str, ...]) -> None:
+def cli(
+    ctx: click.Context,
+    stacks_dir: Path,
+    build_dir: Path,
+    hosts_dir: Path | None,
+    substitute: tuple[str, ...],
+) -> None:
     """Build, test and pin vLLM + FlashInfer images for NVIDIA sm120/sm121 GPUs."""
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -292,4 +312,4 @@ def cli(ctx: click.Context, stacks_dir: Path, build_dir: Path, substitute: tuple
     except StackError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    ctx.obj = Settings(stacks_dir, build_dir, substitutions)
+    ctx.obj = Settings(stacks_dir, build_dir, substitutions, hosts_dir)

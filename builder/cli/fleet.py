@@ -1,7 +1,8 @@
-"""`deploy --all` and `verify --all`: every pinned host, each on the engine its pin names.
+"""What `deploy` and `verify` do for the hosts they are given, one or all (--all), each on the
+engine its pin names: one path for both, so one host is deployed, gated, rolled back and
+reported exactly as each host of the fleet.
 
-The commands themselves are `deploy` and `verify` (builder.cli.hosts); this module holds what
-they do for the whole fleet, so the per-host paths stay as they were.
+The commands themselves are `deploy` and `verify` (builder.cli.hosts).
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from builder.cli.app import Settings, out
-from builder.errors import StackError
+from builder.errors import EXIT_BAD_INPUT, StackError
 from builder.hosts import remote
 from builder.hosts.drift import Report
 from builder.hosts.drift import verify as verify_host
 from builder.hosts.fleet import (
+    NOT_REACHED,
     OK,
     Fleet,
     Gate,
@@ -59,48 +62,65 @@ def one_report(pin: Pin, default: str | None) -> Report:
     return report
 
 
-def verify_all(hosts_dir: Path, as_json: bool, default: str | None) -> None:
-    """Drift of every pinned host in one table; exit 1 when any host drifts."""
-    reports = [
-        (pin, remote.describe(pin, default), one_report(pin, default))
-        for pin in all_pins(hosts_dir)
-    ]
+def verify_pins(pins: list[Pin], as_json: bool, default: str | None, every: bool) -> None:
+    """Drift of the given hosts (one, or every pinned host with --all) in one table, printed
+    alike for one host or many; exit 1 when any host drifts. JSON: the report of HOST, or the
+    list of every host's with --all."""
+    reports = [(pin, remote.describe(pin, default), one_report(pin, default)) for pin in pins]
     if as_json:
-        click.echo(json.dumps([report.to_json() for _, _, report in reports], indent=2))
+        documents = [report.to_json() for _, _, report in reports]
+        click.echo(json.dumps(documents if every else documents[0], indent=2))
     else:
-        table = Table("host", "engine", "stack", "image", "status", "drifts", "warm")
-        for row in drift_rows(reports):
-            table.add_row(*row.values())
-        out.print(table)
-        for pin, _, report in reports:
-            for drift in report.drifts:
-                click.echo(f"{pin.host}: DRIFT {drift.name}: {drift.detail}")
-        drifted = sum(bool(report.drifts) for _, _, report in reports)
-        click.echo(
-            f"{drifted} of {len(reports)} host(s) drift" if drifted else "no drift on any host"
-        )
+        print_drift(reports, every)
     if any(report.drifts for _, _, report in reports):
         sys.exit(EXIT_FAILED)
 
 
-def deploy_all(
+def print_drift(reports: list[tuple[Pin, str, Report]], every: bool) -> None:
+    """The one renderer of `verify`: a row per host (its warm column: how its server started),
+    then each host's drifts, the checks it passed and its start, then the count (of drifts for
+    one host, of hosts that drift for --all)."""
+    table = Table("host", "engine", "stack", "image", "status", "drifts", "warm")
+    for row in drift_rows(reports):
+        table.add_row(*(escape(value) for value in row.values()))
+    out.print(table)
+    for pin, _, report in reports:
+        for drift in report.drifts:
+            click.echo(f"{pin.host}: DRIFT {drift.name}: {drift.detail}")
+        if report.clean:
+            click.echo(f"{pin.host}: as pinned: {', '.join(report.clean)}")
+        if report.warm:
+            click.echo(f"{pin.host}: start: {report.warm}")
+    drifted = sum(bool(report.drifts) for _, _, report in reports)
+    if not every:
+        count = len(reports[0][2].drifts)
+        click.echo(f"{count} drift(s)" if count else "no drift")
+    else:
+        click.echo(
+            f"{drifted} of {len(reports)} host(s) drift" if drifted else "no drift on any host"
+        )
+
+
+def deploy_pins(
     settings: Settings,
     hosts_dir: Path,
-    out_dir: Path,
+    pins: list[Pin],
+    out_of: Callable[[Pin], Path],
     apply_now: bool,
     smoke: bool,
     timeout_s: float | None,
     as_json: bool,
     warm: WarmPolicy,
 ) -> None:
-    """Render every host's files; with apply_now, roll them one host at a time (builder.hosts.
-    fleet), stopping at the first failure; exit 1 then. Each host's warm cache is restored
-    before its start and its start proved after its gates (builder.hosts.warmth)."""
+    """Render each host's files (into out_of(pin)); with apply_now, roll them one host at a
+    time (builder.hosts.fleet), stopping at the first failure. Each host's warm cache is
+    restored before its start and its start proved after its gates (builder.hosts.warmth).
+    Exit status 1 when the roll stopped at a gate, 2 when at an error of the input (the
+    restore refused, a pull that failed), as the error's own command would."""
     from builder.hosts.deploy import write_files
 
-    pins = all_pins(hosts_dir)
     for pin in pins:
-        for path in write_files(pin, out_dir / pin.host):
+        for path in write_files(pin, out_of(pin)):
             click.echo(path, err=as_json)
     if not apply_now:
         return
@@ -129,8 +149,13 @@ def deploy_all(
         click.echo(json.dumps([r.to_json() for r in results], indent=2))
     else:
         _print_results(results)
-    if any(r.status != OK for r in results):
-        sys.exit(EXIT_FAILED)
+    stopped = next((r for r in results if r.status not in (OK, NOT_REACHED)), None)
+    if stopped is None:
+        return
+    if stopped.error is not None:  # stderr, whole, as user_errors prints a command's error
+        kind = "error" if stopped.bad_input else "failed"
+        click.echo(f"{kind}: {stopped.host}: {stopped.error}", err=True)
+    sys.exit(EXIT_BAD_INPUT if stopped.bad_input else EXIT_FAILED)
 
 
 def _stack_of(settings: Settings) -> Callable[[str], ResolvedStack | None]:
@@ -148,7 +173,7 @@ def _print_results(results: list[HostResult]) -> None:
         detail = r.detail if r.rollback is None else f"{r.detail}\nrollback: {r.rollback}"
         table.add_row(r.host, r.engine, r.image.rsplit("@", 1)[-1][:19], r.status, detail)
     out.print(table)
-    failed = [r for r in results if r.status not in (OK, "not reached")]
+    failed = [r for r in results if r.status not in (OK, NOT_REACHED)]
     if failed:
         r = failed[0]
         click.echo(
@@ -156,4 +181,4 @@ def _print_results(results: list[HostResult]) -> None:
             f"(pin {r.host} again) and deploy again; `verify --all` shows what runs where"
         )
     else:
-        click.echo(f"rolled {len(results)} host(s), every gate passed")
+        click.echo(f"deployed {len(results)} host(s), every gate passed")

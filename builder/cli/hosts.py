@@ -15,13 +15,12 @@ from pathlib import Path
 import click
 
 from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
-from builder.cli.fleet import all_pins, deploy_all, one_report, verify_all
+from builder.cli.fleet import all_pins, deploy_pins, verify_pins
 from builder.errors import StackError, ToolMissing
 from builder.hosts import remote, topology
-from builder.hosts.deploy import apply, write_files
 from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
-from builder.hosts.warmth import WarmPolicy, restorer
+from builder.hosts.warmth import WarmPolicy
 from builder.image import address
 from builder.image.address import check_address
 from builder.image.engine import Engine
@@ -33,16 +32,18 @@ from builder.spec.yamlsafe import load_yaml
 
 EXIT_DRIFT = 1
 
+#: The command's own --hosts-dir, kept as an alias of the global one (`sm120-stacks --hosts-dir
+#: D deploy ...`) for the scripts that give it after the command; it wins where both are given.
 hosts_dir_option = click.option(
     "--hosts-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
-    help="Folder of host pins (default: hosts/ beside the stacks folder).",
+    help="Alias of the global --hosts-dir (folder of host pins).",
 )
 
 
 def _hosts_dir(settings: Settings, value: Path | None) -> Path:
-    return value if value is not None else settings.stacks_dir.parent / "hosts"
+    return value if value is not None else settings.hosts_dir
 
 
 def _engine(settings: Settings) -> tuple[Engine | None, str | None]:
@@ -229,28 +230,29 @@ def _host_gpu_kind(host_engine: str | None) -> str | None:
     "--apply",
     "apply_now",
     is_flag=True,
-    help="Also run the pin on the host's engine (the pin's `engine`, else this one). With "
-    "--all: one host at a time, each gated by its health path and smoke through its URL; the "
-    "first failure stops the roll and puts that host back on its previous pin.",
+    help="Also run the pin on the host's engine (the pin's `engine`, else this one), one host "
+    "at a time, each gated by its health path and smoke through its URL (a pin publishing no "
+    "serve port reachable from here: its container's state); a host that fails goes back on "
+    "its previous pin, and with --all the roll stops there.",
 )
 @click.option(
     "--no-smoke",
     is_flag=True,
-    help="With --all --apply: gate on the health path alone, not the stack's smoke.",
+    help="With --apply: gate on the health path alone, not the stack's smoke.",
 )
 @click.option(
     "--gate-timeout",
     type=click.FloatRange(1, None),
     default=None,
-    help="With --all --apply: seconds a host may take to answer its health path "
+    help="With --apply: seconds a host may take to answer its health path "
     "(default: the pin's health start period).",
 )
 @click.option(
     "--require-warm",
     is_flag=True,
     help="With --apply: refuse to start a host whose cache volume cannot be filled from a "
-    "warm-cache artifact of exactly its key (`cache list HOST` shows why); with --all, a host "
-    "that compiled anything at its start also fails its gate.",
+    "warm-cache artifact of exactly its key (`cache list HOST` shows why); a host that "
+    "compiled anything at its start also fails its gate.",
 )
 @click.option(
     "--cold",
@@ -258,7 +260,7 @@ def _host_gpu_kind(host_engine: str | None) -> str | None:
     help="With --apply: start without restoring a warm-cache artifact (the volume as it is).",
 )
 @click.option("--gpu-product", help="k8s: the node label nvidia.com/gpu.product to run on.")
-@click.option("--json", "as_json", is_flag=True, help="With --all --apply: the roll as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="With --apply: the roll as JSON.")
 @engine_option
 @hosts_dir_option
 @pass_settings
@@ -280,11 +282,33 @@ def deploy(
 ) -> None:
     """Render HOST's compose file and systemd unit from its pin; --apply runs it there.
 
-    --all deploys every pinned host; with --apply, one at a time (exit status 1 when the roll
-    stopped at a failure).
+    --all deploys every pinned host. With --apply, one host or all are rolled alike: one at a
+    time, each gated and rolled back on a failure. Exit status 1 when the roll stopped at a
+    gate, 2 at bad input (the warm-cache restore refused, a pull that failed).
     """
     folder = _hosts_dir(settings, hosts_dir)
     _one_or_all(host, every)
+    _apply_only(
+        apply_now,
+        no_smoke=no_smoke,
+        gate_timeout=gate_timeout,
+        require_warm=require_warm,
+        cold=cold,
+        json=as_json,
+    )
+    if gpu_product is not None and fmt != "k8s":
+        raise StackError(
+            "--gpu-product selects a Kubernetes node: it applies with --format k8s only",
+            key="--gpu-product",
+            hint="add --format k8s, or leave out --gpu-product",
+        )
+    pins = all_pins(folder) if every else [load_pin(folder, str(host))]
+    base = settings.build_dir / "hosts"
+
+    def out_of(pin: Pin) -> Path:
+        """--all: a folder per host under --out; one host: --out is its folder."""
+        return (out or base) / pin.host if every else out or base / pin.host
+
     if fmt == "k8s":
         if apply_now:
             raise StackError(
@@ -294,33 +318,28 @@ def deploy(
             )
         from builder.hosts.k8s import write_k8s
 
-        pins = all_pins(folder) if every else [load_pin(folder, str(host))]
         for pinned in pins:
-            base = out or settings.build_dir / "hosts"
-            target = base / pinned.host if every or out is None else out
-            click.echo(write_k8s(pinned, target, gpu_product))
+            click.echo(write_k8s(pinned, out_of(pinned), gpu_product))
         return
     if require_warm and cold:
         raise StackError("--require-warm and --cold ask for opposite things", key="--cold")
     warm = WarmPolicy(require=require_warm, cold=cold, default_engine=settings.engine_address())
-    if every:
-        deploy_all(
-            settings,
-            folder,
-            out or settings.build_dir / "hosts",
-            apply_now,
-            not no_smoke,
-            gate_timeout,
-            as_json,
-            warm,
+    deploy_pins(
+        settings, folder, pins, out_of, apply_now, not no_smoke, gate_timeout, as_json, warm
+    )
+
+
+def _apply_only(apply_now: bool, **given: object) -> None:
+    """Options that judge a start mean nothing without --apply: refused (exit 2), not ignored."""
+    named = [name for name, value in given.items() if value not in (False, None)]
+    if named and not apply_now:
+        option = "--" + named[0].replace("_", "-")
+        raise StackError(
+            f"{option} applies to a deploy that starts the server: nothing is started without "
+            "--apply",
+            key=option,
+            hint=f"add --apply, or leave out {option}",
         )
-        return
-    pinned = load_pin(folder, str(host))
-    for path in write_files(pinned, out or settings.build_dir / "hosts" / pinned.host):
-        click.echo(path)
-    if apply_now:
-        engine = remote.connect(pinned, settings.engine_address())
-        click.echo(apply(pinned, engine, restorer(warm)))
 
 
 @cli.command()
@@ -341,24 +360,8 @@ def verify(
     """
     folder = _hosts_dir(settings, hosts_dir)
     _one_or_all(host, every)
-    if every:
-        verify_all(folder, as_json, settings.engine_address())
-        return
-    pinned = load_pin(folder, str(host))
-    report = one_report(pinned, settings.engine_address())
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        click.echo(f"{host}: {pinned.stack} {pinned.image}")
-        for drift in report.drifts:
-            click.echo(f"DRIFT {drift.name}: {drift.detail}")
-        if report.clean:
-            click.echo(f"as pinned: {', '.join(report.clean)}")
-        if report.warm:
-            click.echo(f"start: {report.warm}")
-        click.echo(f"{len(report.drifts)} drift(s)" if report.drifts else "no drift")
-    if report.drifts:
-        sys.exit(EXIT_DRIFT)
+    pins = all_pins(folder) if every else [load_pin(folder, str(host))]
+    verify_pins(pins, as_json, settings.engine_address(), every)
 
 
 def _one_or_all(host: str | None, every: bool) -> None:

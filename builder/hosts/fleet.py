@@ -1,8 +1,10 @@
-"""Every pinned host at once: a rolling, health-gated deploy, and drift across the fleet.
+"""Deploying pinned hosts, one or all: a rolling, health-gated deploy, and drift across them.
 
-`roll` deploys the hosts one at a time, in name order. After each, a gate must pass before the
-next host is touched: the server answers its health path through its URL, then (where the
-stack's manifest is at hand) the smoke judges its answers there. The first host that fails
+`roll` deploys the hosts one at a time, in name order (`deploy HOST --apply` is a roll of one,
+gated and rolled back exactly as each host of `deploy --all --apply`). After each, a gate must
+pass before the next host is touched: the server answers its health path through its URL (a pin
+with no URL reachable from here: its container's state alone), then (where the stack's manifest
+is at hand) the smoke judges its answers there. The first host that fails
 stops the roll, and is put back on its previous pin (hosts/previous/HOST.yaml, kept by `pin`),
 which must pass the same gate; the hosts after it are not touched. A host whose container
 already ran as pinned was not changed, so a failure there stops the roll without a rollback.
@@ -59,6 +61,12 @@ class HostResult:
     detail: str = ""
     #: After a failure: what putting the host back on its previous pin did, and its gate.
     rollback: str | None = None
+    #: The error that stopped the host before any gate (its engine, the pull, the warm-cache
+    #: restore), whole, with its hint: what the command prints as its own error.
+    error: str | None = None
+    #: That error was the command's input (a StackError): the command exits 2, as any
+    #: command does for bad input; a gate that failed is exit status 1.
+    bad_input: bool = False
 
     def to_json(self) -> dict[str, str | None]:
         return {
@@ -68,6 +76,7 @@ class HostResult:
             "status": self.status,
             "detail": self.detail,
             "rollback": self.rollback,
+            "error": self.error,
         }
 
 
@@ -96,6 +105,7 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
             engine = fleet.connect(pin)
         except (ToolMissing, StackError, OperationFailed) as exc:
             result.detail = f"engine not reached: {_message(exc)}"
+            result.error, result.bad_input = str(exc), isinstance(exc, StackError)
             fleet.log(f"{pin.host}: FAILED, {result.detail}")
             _not_reached(pins[index + 1 :], results, fleet)
             break
@@ -104,6 +114,8 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
             done = apply(pin, engine, fleet.before_start)
         except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
             gate = GateResult(False, f"deploy failed: {_message(exc)}")
+            result.error = exc.explanation if isinstance(exc, EngineError) else str(exc)
+            result.bad_input = isinstance(exc, StackError)
         else:
             fleet.log(f"{pin.host}: {done}")
             gate = _judge(fleet, pin, engine)
@@ -134,8 +146,9 @@ def _roll_back(pin: Pin, engine: Engine, fleet: Fleet) -> str:
         why = "it has no previous pin"
     if previous is None:
         container = _container(engine, pin.container)
-        if container is not None:
-            container.remove(force=True)
+        if container is None:
+            return f"{why}: nothing of it was started, so nothing serves there now"
+        container.remove(force=True)
         return f"{why}: its failed container was removed, so nothing serves there now"
     fleet.log(f"{pin.host}: back to its previous pin, {previous.stack} {previous.image}")
     try:
@@ -201,8 +214,8 @@ def health_gate(
     def gate(pin: Pin, engine: Engine) -> GateResult:
         try:
             url = url_of(pin).rstrip("/") + pin.health.path
-        except StackError as exc:
-            return GateResult(False, _message(exc))
+        except StackError as exc:  # no URL to ask: the container's own word is all there is
+            return state_gate(pin, engine, _message(exc))
         limit = timeout_s if timeout_s is not None else pin.health.start_period_s
         began = time.monotonic()
         last = "no answer yet"
@@ -236,6 +249,22 @@ def health_gate(
     return gate
 
 
+def state_gate(pin: Pin, engine: Engine, why: str) -> GateResult:
+    """A pin whose server cannot be reached through a URL from here (no published serve port,
+    or one on a remote host's loopback) is gated on its container's state alone: running and
+    not restarted, as the engine says at once after the start. Its health path is not asked;
+    the gate says so, rather than waiting out a start period for an answer that cannot come."""
+    container = engine.container(pin.container)
+    if container is None:
+        return GateResult(False, f"{pin.container} is gone")
+    stopped = [d for d in state_drifts(container.attrs) if d.name in ("state", "restarts")]
+    if stopped:
+        return GateResult(False, f"{pin.container} {stopped[0].detail}")
+    return GateResult(
+        True, f"{why}: gated on the container's state alone ({pin.container} running)"
+    )
+
+
 def _last_logged(container: Container) -> str:
     try:
         text = container.logs().decode("utf-8", errors="replace")
@@ -260,10 +289,16 @@ def smoke_gate(
         stack = stack_of(pin.stack)
         if stack is None:
             return GateResult(True, f"no smoke: no manifest of {pin.stack} here")
+        if not stack.manifest.smoke.prompts:
+            return GateResult(True, f"no smoke: {pin.stack} lists no smoke prompts")
+        try:
+            url = url_of(pin)
+        except StackError as exc:
+            return GateResult(True, f"no smoke: {_message(exc)}")
         stamp = time.strftime("%Y%m%dT%H%M%S")
         report_path = report_dir / f"{pin.host}-{pin.content_hash[:16]}-{stamp}.json"
         key = read_api_key(pin)
-        report = run_smoke_url(url_of(pin), stack, report_path=report_path, log=log, api_key=key)
+        report = run_smoke_url(url, stack, report_path=report_path, log=log, api_key=key)
         if report.passed:
             return GateResult(True, f"smoke passed ({report_path})")
         return GateResult(False, f"smoke failed: {_failures(report.failed())} ({report_path})")

@@ -13,6 +13,7 @@ import contextlib
 import json
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -151,3 +152,40 @@ def test_a_roll_gates_each_host_and_rolls_back_the_first_that_fails(
     assert {"command", "env"} <= names, reports["fleet-b"]
     table = cli_process("verify", "--all", check=False).stdout
     assert "1 of 2 host(s) drift" in table and "fleet-b: DRIFT env" in table
+
+
+def test_one_host_is_gated_and_rolled_back_as_each_host_of_a_roll(
+    fleet: Callable[..., Pin], cli_process: Callable[..., Any]
+) -> None:
+    """`deploy HOST --apply` is a roll of one: the same gate, the same rollback, the same JSON."""
+    serve = ["python3", "-c", SERVER]
+    b1 = fleet("fleet-b", "1", serve, None)
+    first = cli_process("deploy", "fleet-b", "--apply", "--gate-timeout", "60", check=False)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "/health answered 200" in first.stdout, first.stdout
+    assert "no smoke: no manifest of fleet-test here" in first.stdout
+    assert "deployed 1 host(s), every gate passed" in first.stdout
+
+    fleet("fleet-b", "2", ["python3", "-c", CRASH], None)
+    second = cli_process(
+        "deploy", "fleet-b", "--apply", "--no-smoke", "--gate-timeout", "60", "--json", check=False
+    )
+    assert second.returncode == 1, second.stdout + second.stderr
+    (b,) = json.loads(second.stdout)
+    assert b["status"] == "rolled back" and "passes its gate" in b["rollback"], b
+    assert _answer(_port(b1)) == "1", "back on its previous pin"
+
+
+def test_a_pin_without_a_published_port_is_gated_on_its_state_alone(
+    fleet: Callable[..., Pin], cli_process: Callable[..., Any], workspace: Path
+) -> None:
+    """No URL reaches the server: the gate says so and judges the container's state, at once,
+    instead of waiting out the start period for an answer that cannot come."""
+    pinned = fleet("fleet-a", "1", ["python3", "-c", SERVER], None)
+    write_pin(workspace / "hosts", pinned.model_copy(update={"ports": []}))
+    began = time.monotonic()
+    done = cli_process("deploy", "fleet-a", "--apply", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "publishes no host port for its serve port 8000" in done.stdout
+    assert "gated on the container's state alone" in done.stdout
+    assert time.monotonic() - began < 30
