@@ -46,20 +46,22 @@ def make_tiny_model(
     hidden_size: int = 64,
     intermediate_size: int = 128,
     heads: int = 4,
+    layers: int = 2,
     dtype: str | None = None,
 ) -> Path:
     """Write a servable model directory to dest that answers each question of qa greedily.
 
     trained=False keeps the random initial weights (same tokenizer and architecture): the
     broken-weights case the garbage detector must catch. dtype ("bfloat16") is what the weights
-    are saved in, after training in float32.
+    are saved in, after training in float32. layers: decoder layers (4 for a model that
+    pipeline parallel 2 splits into stages of 2).
     """
     import torch
 
     torch.manual_seed(SEED)
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer([text for pair in qa for text in pair])
-    model = _model(tokenizer, hidden_size, intermediate_size, heads)
+    model = _model(tokenizer, hidden_size, intermediate_size, heads, layers)
     if trained:
         _train(model, tokenizer, qa, train_steps)
         _verify(model, tokenizer, qa)
@@ -107,7 +109,9 @@ def _tokenizer(texts: list[str]) -> Any:
     )
 
 
-def _model(tokenizer: Any, hidden_size: int, intermediate_size: int, heads: int) -> Any:
+def _model(
+    tokenizer: Any, hidden_size: int, intermediate_size: int, heads: int, layers: int = 2
+) -> Any:
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in _special_names().items()}
@@ -115,7 +119,7 @@ def _model(tokenizer: Any, hidden_size: int, intermediate_size: int, heads: int)
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
         max_position_embeddings=256,
