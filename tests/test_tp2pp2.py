@@ -19,7 +19,7 @@ import pytest
 from click.testing import Result
 
 from builder import REPO_ROOT
-from builder.hosts.pins import PinOptions, make_pin, write_pin
+from builder.hosts.pins import PinOptions, load_pin, make_pin, write_pin
 from builder.image.records import load_record
 from builder.render.context import render
 from builder.spec.resolve import resolve
@@ -200,7 +200,8 @@ def test_doctor_over_four_pcie_pro6000s_with_acs_fails_the_pin(
     _pin_the_stack(stacks_dir, tmp_path, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition")
     result = run_cli("doctor", "--host", HOST, stacks_dir=stacks_dir)
     assert result.exit_code == 1, result.output
-    assert [line.split(":")[0] for line in _lines(result, "FAIL") if line[6:8] == "tp"] == [
+    assert [line.split(":")[0] for line in _lines(result, "FAIL")] == [
+        "FAIL  gpu",  # the sm90 proof stack on compute 12.0: the pin is of the TP x PP shape
         "FAIL  tp-acs",
         "FAIL  tp-iommu",
     ]
@@ -216,25 +217,35 @@ def test_doctor_over_four_pcie_pro6000s_with_acs_fails_the_pin(
     assert f"see: {NCCL_ACS}" in result.output
 
 
-def test_doctor_with_nccl_p2p_off_pinned_warns_instead(
+def test_doctor_with_the_p2p_workaround_pinned_warns_with_its_cost(
     stacks_dir: Path,
     tmp_path: Path,
     run_cli: Callable[..., Result],
     fake_host: Callable[..., Path],
 ) -> None:
     """The same host pinned with NCCL_P2P_DISABLE=1: at TP 2 vLLM's custom all-reduce still
-    uses P2P, so the workaround is not whole and both still fail, saying what to add."""
+    uses P2P, so both still fail, saying what to add; with --disable-custom-all-reduce too, the
+    failures become warnings with their cost (traffic through host memory). (The GPU check
+    fails throughout: the pin is of the sm90 proof stack, whose shape is what is judged.)"""
     fake_host("pro6000-4x-acs")
-    _pin_the_stack(
-        stacks_dir,
-        tmp_path,
-        "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
-        env=("NCCL_P2P_DISABLE=1",),
-    )
+    kind = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
+    _pin_the_stack(stacks_dir, tmp_path, kind, env=("NCCL_P2P_DISABLE=1",))
     result = run_cli("doctor", "--host", HOST, stacks_dir=stacks_dir)
     assert result.exit_code == 1, result.output
     assert "vLLM's custom all-reduce still uses P2P" in result.output
     assert "add `--disable-custom-all-reduce`" in result.output
+    pin = load_pin(tmp_path / "hosts", HOST)
+    command = [*pin.command, "--disable-custom-all-reduce"]
+    write_pin(tmp_path / "hosts", pin.model_copy(update={"command": command}))
+    result = run_cli("doctor", "--host", HOST, stacks_dir=stacks_dir)
+    # Only the GPU check fails now: the sm90 proof stack's image has no sm_120 code.
+    assert [line.split(":")[0] for line in _lines(result, "FAIL")] == ["FAIL  gpu"]
+    assert "is compute 12.0" in result.output
+    assert [line.split(":")[0] for line in _lines(result, "warn") if line[6:8] == "tp"] == [
+        "warn  tp-acs",
+        "warn  tp-iommu",
+    ]
+    assert "through host memory" in result.output
 
 
 @pytest.mark.parametrize("sample", ["h200-4x-nvlink", "pro6000-4x-acs"])
