@@ -38,7 +38,7 @@ venv: $(VENV)/.installed
 # it: MODELS=DIR, else /var/lib/sm120-stacks/models. `test` stops before any container when a
 # smoke would run without it, naming the `hf download` command (docs/gpu-host.md).
 MODELS ?= /var/lib/sm120-stacks/models
-SMOKE_MOUNTS ?= $(if $(filter ci-mini%,$(STACK)),--mount $(CURDIR)/build/tiny-model:/models/tiny,--models $(MODELS))
+SMOKE_MOUNTS ?= $(if $(filter ci-mini%,$(STACK)),--volume $(CURDIR)/build/tiny-model:/models/tiny:ro,--models $(MODELS))
 
 # The engine (and, for the tests, a local registry): installed and started on a fresh Debian
 # machine as root; two pings when they already run (scripts/host-setup.sh).

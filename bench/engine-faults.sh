@@ -186,14 +186,14 @@ state 2-push-again
 
 stamp "3. restart during test (the smoke's server up)"
 smoke_up() { pdocker ps --filter label=sm120-stacks.smoke --format '{{.Names}}' | grep -q .; }
-tool_bg 3-test-restarted test "$VARIANT" --mount "$MODEL:/models/tiny"
+tool_bg 3-test-restarted test "$VARIANT" --volume "$MODEL:/models/tiny:ro"
 if wait_until 600 "the smoke's container" smoke_up; then
     sleep 3
     restart_engine TERM
 fi
 finish 3-test-restarted
 state 3-test-restarted
-tool 3-test-again test "$VARIANT" --mount "$MODEL:/models/tiny"
+tool 3-test-again test "$VARIANT" --volume "$MODEL:/models/tiny:ro"
 state 3-test-again
 
 stamp "4. a push to R3, whose disk (a 256 MB tmpfs) fills"
@@ -207,14 +207,14 @@ state 4-push-disk-full
 
 stamp "5. docker system prune -af on the private engine during test"
 checking() { pdocker ps --format '{{.Names}}' | grep -qE '^sm120-(check|smoke)-'; }
-tool_bg 5-test-pruned test "$VARIANT" --mount "$MODEL:/models/tiny"
+tool_bg 5-test-pruned test "$VARIANT" --volume "$MODEL:/models/tiny:ro"
 if wait_until 300 "the test's first container" checking; then
     pdocker system prune -af >"$OUT/5-prune.txt" 2>&1
 fi
 finish 5-test-pruned
 state 5-test-pruned
-tool 5-test-after-prune test "$VARIANT" --mount "$MODEL:/models/tiny"
+tool 5-test-after-prune test "$VARIANT" --volume "$MODEL:/models/tiny:ro"
 tool 5-build-after-prune build "$VARIANT" --cache-from-registry "$R/faults"
-tool 5-test-after-rebuild test "$VARIANT" --mount "$MODEL:/models/tiny"
+tool 5-test-after-rebuild test "$VARIANT" --volume "$MODEL:/models/tiny:ro"
 state 5-after-rebuild
 stamp "done"

@@ -80,7 +80,7 @@ loop() {  # loop a|b HOST_INDEX: the rounds of one build folder, each step's out
         if ((SECONDS > LIMIT_S)); then echo "time limit: $round rounds not run" >>"$log"; break; fi
         printf 'extends: ci-mini\nenv: {SOAK_ROUND: "%s"}\n' "$round" >"$root/stacks/$stack.yaml"
         step build build "$stack" &&
-            step test test "$stack" --mount "$MODEL:/models/tiny" &&
+            step test test "$stack" --volume "$MODEL:/models/tiny:ro" &&
             step push push "$stack" --registry "$R/soak-$id" &&
             step pin pin "$host" "$stack" --engine "ssh://root@$NET.$index.2" --gpus none \
                 --port 8000:8000 --api-key-file "$root/api-key" --volume "$MODEL:/models/tiny:ro" \

@@ -33,7 +33,7 @@ BINFMT=/proc/sys/fs/binfmt_misc
 HANDLER="$BINFMT/qemu-aarch64"
 OUT=build/arm64-emulated
 CLI=.venv/bin/sm120-stacks
-MOUNT=(--mount "$root/build/tiny-model:/models/tiny")
+MOUNT=(--volume "$root/build/tiny-model:/models/tiny:ro")
 
 say() { echo "arm64-emulated: $*" >&2; }
 stop() { say "STOPPED: $*"; exit 3; }

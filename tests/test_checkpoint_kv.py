@@ -88,7 +88,7 @@ def test_test_refuses_the_mounted_model_before_any_engine_is_asked(
     hub = Path(home.removeprefix("/models/")) / "hub" / repo / "snapshots" / "abc123"
     _model(models / hub, hf_quant_config_json=MODELOPT)
     result = run_cli(
-        "test", "vllm-0.22-marlin", "--mount", f"{models}:/models", stacks_dir=stacks_dir
+        "test", "vllm-0.22-marlin", "--volume", f"{models}:/models", stacks_dir=stacks_dir
     )
     assert result.exit_code == 2, result.output
     assert "checkpoint_kv_cache_dtype" in result.output and "Traceback" not in result.output

@@ -173,3 +173,34 @@ def test_verify_prints_one_table_for_one_host_or_all(
     assert drifts and all(line in every.stdout for line in drifts)
     assert one.stdout.strip().endswith("drift(s)")
     assert every.stdout.strip().endswith("1 of 1 host(s) drift")
+
+
+# --- one mount syntax --------------------------------------------------------------------------
+
+
+def test_test_and_pin_read_mounts_alike(run_cli: Callable[..., Result]) -> None:
+    """SOURCE:TARGET[:ro] through one parser: the same refusal, word for word, from both."""
+    for bad, said in (
+        ("a:b:c", "write SOURCE:TARGET[:ro]"),
+        ("/models:relative", "SOURCE is an absolute path or a volume name, TARGET a path"),
+    ):
+        words = set()
+        for command in (["test", "ci-mini"], ["pin", "gpu-1", "ci-mini"]):
+            refused = run_cli(*command, "--volume", bad)
+            assert refused.exit_code == 2, refused.output
+            assert f"--volume {bad!r}: {said}" in refused.output
+            words.add(refused.output.split("error: ", 1)[1].split(" (")[0].split("\n")[0])
+        assert len(words) == 1, words
+
+
+def test_the_old_mount_spelling_is_accepted_for_one_release_with_a_warning(
+    run_cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    old = run_cli("test", "ci-mini", "--mount", "nope")
+    assert old.exit_code == 2
+    assert "warning: --mount is deprecated and goes in the next release: write --volume" in (
+        old.stderr
+    )
+    assert "--mount 'nope': write SOURCE:TARGET[:ro]" in old.stderr
+    new = run_cli("test", "ci-mini", "--volume", "nope")
+    assert "deprecated" not in new.stderr

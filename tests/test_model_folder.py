@@ -94,14 +94,14 @@ def test_a_missing_hub_model_stops_test_before_any_container(
 def test_a_missing_model_folder_names_the_mount(
     tmp_path: Path, stacks_dir: Path, run_cli: Callable[..., Result]
 ) -> None:
-    """ci-mini reads /models/tiny: with no --mount and an empty models folder it stops before
+    """ci-mini reads /models/tiny: with no --volume and an empty models folder it stops before
     the image is even looked for (the image of this scratch stacks folder was never built)."""
     models = tmp_path / "models"
     models.mkdir()
     result = run_cli("test", "ci-mini", "--models", str(models), stacks_dir=stacks_dir)
     assert result.exit_code == 2, result.output
     assert f"{models}/tiny does not exist" in result.output, result.output
-    assert "--mount HOST:/models/tiny" in result.output
+    assert "--volume HOST:/models/tiny:ro" in result.output
     assert "no image of" not in result.output
 
 
@@ -138,4 +138,4 @@ def test_make_stack_hands_the_models_folder_to_test() -> None:
         "test vllm-0.33-b12x --models /srv/m"
     )
     assert test_line("STACK=vllm-0.33-b12x").endswith(f"--models {PIN_MODELS}")
-    assert "--mount" in test_line("STACK=ci-mini") and "--models" not in test_line("STACK=ci-mini")
+    assert "--volume" in test_line("STACK=ci-mini") and "--models" not in test_line("STACK=ci-mini")

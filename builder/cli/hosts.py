@@ -27,6 +27,7 @@ from builder.image.engine import Engine
 from builder.image.hostprobe import Probe, gather, probe_for
 from builder.image.records import Record, load_record
 from builder.image.registry import REGISTRY_ENV, Registry
+from builder.spec.mounts import parse_mount
 from builder.spec.serve import serve_argv
 from builder.spec.yamlsafe import load_yaml
 
@@ -148,6 +149,8 @@ def pin(
     `deploy --all --apply` puts the host back on when the new one fails its gate.
     """
     resolved = settings.checked(stack)
+    for text in volumes:  # the command line first, before any record or registry is read
+        parse_mount(text, "--volume")
     content_hash = settings.render(resolved).content_hash()
     record = load_record(settings.build_dir, stack, content_hash)
     repository = Registry.parse(registry).repository if registry else None

@@ -24,6 +24,7 @@ from builder.image.cabundle import resolve_ca_bundle
 from builder.image.engine import Engine
 from builder.image.progress import Say
 from builder.spec.checkpoint import check_checkpoint
+from builder.spec.mounts import SYNTAX, parse_mount
 from builder.spec.resolve import ResolvedStack
 from builder.verify import model_folder
 from builder.verify.kernel_cache import container_watch, directory_watch, summary_lines
@@ -105,11 +106,19 @@ soak_option = click.option(
 @click.argument("stack")
 @click.option("--require-gpu", is_flag=True, help="Fail instead of skipping the GPU smoke.")
 @click.option(
+    "--volume",
+    "volumes",
+    multiple=True,
+    metavar=SYNTAX,
+    help="A host folder for the smoke server (e.g. a model directory), read-only; the syntax "
+    "of `pin --volume`.",
+)
+@click.option(
     "--mount",
     "mounts",
     multiple=True,
-    metavar="HOST:CONTAINER",
-    help="Bind mount for the smoke server (e.g. a model directory).",
+    metavar=SYNTAX,
+    help="Deprecated spelling of --volume (accepted for one release, with a warning).",
 )
 @click.option(
     "--models",
@@ -133,6 +142,7 @@ def test_command(
     settings: Settings,
     stack: str,
     require_gpu: bool,
+    volumes: tuple[str, ...],
     mounts: tuple[str, ...],
     models_dir: Path,
     ca_bundle: str | None,
@@ -142,7 +152,8 @@ def test_command(
     """Validate the stack's current image: static checks, JIT cache, smoke prompt."""
     proxy_ca = resolve_ca_bundle(ca_bundle)  # what builds were given: the image holds none of it
     resolved = settings.checked(stack)
-    parsed = model_folder.with_models_folder(resolved, _parse_mounts(mounts), models_dir)
+    given = _smoke_mounts(volumes, mounts)
+    parsed = model_folder.with_models_folder(resolved, given, models_dir)
     model_dir = model_folder.locate(resolved, parsed).folder()
     if model_dir is not None:
         said = check_checkpoint(resolved, model_dir)
@@ -164,15 +175,27 @@ def test_command(
         raise SystemExit(1)
 
 
-def _parse_mounts(mounts: tuple[str, ...]) -> dict[str, str]:
+def _smoke_mounts(volumes: tuple[str, ...], mounts: tuple[str, ...]) -> dict[str, str]:
+    """--volume (and the deprecated --mount) as the smoke's read-only binds, host folder to
+    container path: the syntax pin's --volume takes (spec/mounts.py); a host folder that
+    exists, since the smoke server reads what is there."""
+    if mounts:
+        click.echo(
+            f"warning: --mount is deprecated and goes in the next release: write --volume {SYNTAX}",
+            err=True,
+        )
     parsed = {}
-    for mount in mounts:
-        host, sep, container = mount.partition(":")
-        if not sep or not container.startswith("/") or not Path(host).exists():
+    given = [("--volume", text) for text in volumes] + [("--mount", text) for text in mounts]
+    for option, text in given:
+        mount = parse_mount(text, option)
+        if not mount.bind or not Path(mount.source).exists():
             raise StackError(
-                f"mount {mount!r} is not HOST:CONTAINER with an existing HOST path", key="--mount"
+                f"{option} {text!r}: the smoke mounts host folders; {mount.source} is not one "
+                "that exists here",
+                key=option,
+                hint=f"write {option} /HOST/FOLDER:/CONTAINER/PATH[:ro]",
             )
-        parsed[str(Path(host).resolve())] = container
+        parsed[str(Path(mount.source).resolve())] = mount.target
     return parsed
 
 

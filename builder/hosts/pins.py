@@ -34,6 +34,7 @@ from builder.spec.archflags import capabilities
 from builder.spec.cache_volume import cache_volume
 from builder.spec.knowledge import parse_document
 from builder.spec.manifest import ExactVersion, Identifier, SafeText, ServeArg, Sha256, Slug
+from builder.spec.mounts import parse_mount
 from builder.spec.resolve import ResolvedStack
 from builder.spec.serve import serve_argv
 from builder.spec.strict import Strict
@@ -501,17 +502,12 @@ def _gpus(text: str) -> Literal["all", "none"] | list[int]:
 
 
 def _volume(text: str) -> Volume:
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-        raise StackError(f"--volume {text!r}: write SOURCE:TARGET[:ro]", key="--volume")
-    source = str(Path(parts[0]).absolute()) if parts[0].startswith((".", "/")) else parts[0]
+    """--volume SOURCE:TARGET[:ro], read as every command reads a mount (spec/mounts.py)."""
+    mount = parse_mount(text, "--volume")
     try:
-        return Volume(source=source, target=parts[1], read_only=parts[2:] == ["ro"])
-    except ValueError:
-        raise StackError(
-            f"--volume {text!r}: SOURCE is an absolute path or a volume name, TARGET a path",
-            key="--volume",
-        ) from None
+        return Volume(source=mount.source, target=mount.target, read_only=mount.read_only)
+    except ValueError:  # what the syntax allows but a pin does not (a path too long)
+        raise StackError(f"--volume {text!r}: not a mount a pin can hold", key="--volume") from None
 
 
 def _pairs(items: tuple[str, ...]) -> dict[str, str]:

@@ -144,8 +144,8 @@ def require(stack: ResolvedStack, mounts: dict[str, str], models: Path) -> Path:
         file=file,
         key=".".join(MODEL_KEY),
         line=line,
-        hint=f"put the model there, or mount the folder that holds it: --mount "
-        f"HOST:{place.model_id} (make stack STACK={stack.name} MODELS=DIR for {MODELS_TARGET})",
+        hint=f"put the model there, or mount the folder that holds it: --volume "
+        f"HOST:{place.model_id}:ro (make stack STACK={stack.name} MODELS=DIR for {MODELS_TARGET})",
     )
 
 
@@ -159,7 +159,7 @@ def _expected_host(place: ModelPlace, models: Path) -> Path | None:
 
 
 def _no_mount(place: ModelPlace) -> str:
-    return f"any mount (the server reads {place.inside}; --mount HOST:CONTAINER gives it)"
+    return f"any mount (the server reads {place.inside}; --volume HOST:{place.inside}:ro gives it)"
 
 
 def _under(path: str, folder: str) -> bool:

@@ -51,7 +51,7 @@ def test_the_report_page_shows_a_real_test_run(
 ) -> None:
     build = ["--build-dir", str(tmp_path / "build")]
     mount = f"{models['trained']}:/models/tiny"
-    tested = cli_process(*build, "test", "ci-mini", "--mount", mount, "--soak", "4", "--json")
+    tested = cli_process(*build, "test", "ci-mini", "--volume", mount, "--soak", "4", "--json")
     assert json.loads(tested.stdout)["passed"]
     # The repository the other engine tests push ci-mini to: its layers are there already (a
     # repository of its own took 4 minutes to receive 3.6 GB here).

@@ -111,7 +111,7 @@ def test_two_folders_build_and_smoke_at_once(
     assert image_a != image_b
 
     mount = f"{models['trained']}:/models/tiny"
-    tests = [start(root, ca, "test", STACK, "--mount", mount) for root in (a, b)]
+    tests = [start(root, ca, "test", STACK, "--volume", mount) for root in (a, b)]
     owners = [f"{os.uname().nodename}:{process.pid}" for process in tests]
     both(*tests)
     for root, content_hash, image in ((a, hash_a, image_a), (b, hash_b, image_b)):

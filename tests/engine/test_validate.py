@@ -22,7 +22,7 @@ pytestmark = pytest.mark.engine
 
 def _test(cli_process: Callable[..., Any], stack: str, models: dict[str, Path]) -> Any:
     result = cli_process(
-        "test", stack, "--mount", f"{models['trained']}:/models/tiny", "--json", check=False
+        "test", stack, "--volume", f"{models['trained']}:/models/tiny", "--json", check=False
     )
     assert result.stdout.startswith("{"), f"no JSON report:\n{result.stdout}\n{result.stderr}"
     return result.returncode, json.loads(result.stdout)
