@@ -7,10 +7,13 @@
 # On the build machine (what travels is made as for the one-GPU 0.33 proof, RESULTS §10):
 #   bench/h200x4_tp2pp2.sh prepare IMAGE [COMMIT]
 #     IMAGE: a built image of vllm-0.33-sm90 or of this stack (the same lock and FlashInfer
-#     modules: checked); parts in .gpu/p1..pN (bench/prepare_h200_vllm033.sh), the model swapped
-#     for the 4-layer tiny Llama (bench/make_tiny_llama_tp2pp2.py) as bundle/model/tiny-llama.
+#     modules: checked); parts in .gpu/x4-p1..x4-pN (bench/prepare_h200_vllm033.sh, run from a
+#     snapshot of COMMIT so that other runs' .gpu/pN stay), the model swapped for the 4-layer
+#     tiny Llama (bench/make_tiny_llama_tp2pp2.py) as bundle/model/tiny-llama. A part and the
+#     working tree travel together within 64 MiB: PART_BYTES=50000000 where the tree has grown
+#     (bench/results/h200-warm/commands.txt re-split into 50 MB parts for that).
 # On the x4 machine, one device call each (the machine keeps /tmp only while it stays warm):
-#   bench/h200x4_tp2pp2.sh recv .gpu/pN      # every part; the last one: recv, then unpack
+#   bench/h200x4_tp2pp2.sh recv .gpu/x4-pN   # every part (carry it); the last: recv, then unpack
 #   bench/h200x4_tp2pp2.sh unpack            # bench/h200_vllm033.sh unpack + torchcheck; NCCL
 #                                            #   2.30 from $NCCL_PART as in h200-warm/commands.txt
 #   bench/h200x4_tp2pp2.sh first             # nccl4, doctor, cold, capture, restart
@@ -45,11 +48,12 @@ PY=(env PYTHONPATH="$H200_TOOL:$R/site" python3)
 W=("${PY[@]}" "$here/h200_warm.py")
 
 prepare() {
-  local image="${1:?usage: bench/h200x4_tp2pp2.sh prepare IMAGE [COMMIT]}" commit="${2:-HEAD}"
-  local root work
-  root="$(cd "$here/.." && pwd)"
+  local image="${1:?usage: bench/h200x4_tp2pp2.sh prepare IMAGE [COMMIT]}"
+  local main work tree commit
+  main="$(cd "$here/.." && pwd)"
+  commit="$(git -C "$main" rev-parse "${2:-HEAD}")" || return 2
   work="${WORK:-/work/gpuwork-$STACK}"
-  cd "$root" || return 2
+  cd "$main" || return 2
   # The image's FlashInfer modules serve this stack only if both stacks want the same ones.
   .venv/bin/python - "$STACK" <<'PY' || return 2
 import json, subprocess, sys
@@ -60,14 +64,25 @@ if same[0] != same[1]:
     sys.exit(f"error: the FlashInfer modules differ from vllm-0.33-sm90's: {same}")
 print("FlashInfer modules as vllm-0.33-sm90's:", same[0])
 PY
-  WORK="$work" bash bench/prepare_h200_vllm033.sh "$STACK" "$image" "$commit" || return 1
-  rm -rf "$work/model" && PYTHONPATH="$work/tool-src:$root" .venv/bin/python \
-    bench/make_tiny_llama_tp2pp2.py "$work/model/tiny-llama" || return 1
+  # prepare_h200_vllm033.sh empties .gpu/ of the tree it runs from: run it from a snapshot of
+  # COMMIT, so that other runs' parts in this working tree's .gpu/ stay; ours move in as x4-pN.
+  tree="$work/tree"
+  rm -rf "$tree" && mkdir -p "$tree" && git -C "$main" archive "$commit" | tar -x -C "$tree"
+  ln -s "$main/.venv" "$tree/.venv"
+  GIT_DIR="$main/.git" WORK="$work" bash "$tree/bench/prepare_h200_vllm033.sh" \
+    "$STACK" "$image" "$commit" || return 1
+  rm -rf "$work/model" && PYTHONPATH="$work/tool-src" .venv/bin/python \
+    "$work/tool-src/bench/make_tiny_llama_tp2pp2.py" "$work/model/tiny-llama" || return 1
   tar -C "$work/model" -cJf "$work/model.tar.xz" tiny-llama
-  local last
-  last="$(find .gpu -name model.tar.xz -printf '%h\n' | head -1)"
+  local part last
+  last="$(find "$tree/.gpu" -name model.tar.xz -printf '%h\n' | head -1)"
   cp "$work/model.tar.xz" "$last/model.tar.xz"
-  du -sb .gpu/* | tee "$work/parts.txt"
+  mkdir -p .gpu
+  for part in "$tree"/.gpu/p*; do
+    rm -rf ".gpu/x4-${part##*/}" && mv "$part" ".gpu/x4-${part##*/}"
+  done
+  du -sb .gpu/x4-p* | tee "$work/parts.txt"
+  echo "carry each .gpu/x4-pN in its own run: bench/h200x4_tp2pp2.sh recv .gpu/x4-pN"
 }
 
 nccl4() {
