@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,24 @@ def test_restore_refuses_before_touching_the_volume(
     engine, store = _NoEngine(), _NoEngine()
     with pytest.raises(StackError, match=r"= 4 workers, one GPU each, but the container gets"):
         host.restore(engine, store, target, _facts(host_gpus))  # type: ignore[arg-type]
+
+
+def test_a_host_whose_gpus_could_not_be_read_is_not_refused_by_count() -> None:
+    """nvidia-smi missing there: the count is unknown, not zero; the restore goes on (its key,
+    with no GPU in it, then matches no four-GPU artifact: a cold start)."""
+    target = host.WarmTarget(
+        host="gpu-node-07",
+        image="127.0.0.1:5000/sm120-stacks@sha256:" + "a" * 64,
+        volume="sm120-stacks-cache",
+        command=COMMAND,
+        env={},
+        gpu_indices=None,
+    )
+    unread = HostFacts(None, (), "nvidia-smi is not on PATH", (), None)
+    with pytest.raises(AssertionError, match="the engine was used"):
+        host.restore(_NoEngine(), _NoEngine(), target, unread)  # type: ignore[arg-type]
+    pinned_none = HostFacts(None, (), "the pin gives the container no GPU", (), None)
+    with pytest.raises(StackError, match="the container gets 0 GPU"):
+        host.restore(  # type: ignore[arg-type]
+            _NoEngine(), _NoEngine(), replace(target, gpu_indices=[]), pinned_none
+        )

@@ -168,8 +168,9 @@ def restore(
 ) -> RestoreResult:
     """Fill the host's cache volume from the artifact of exactly its key (see the module)."""
     tensor, pipeline = parallel_shape(target.command)
-    gpus = len(gpu_identity(facts, target.gpu_indices)[0])
-    ranks.require_gpus(target.host, tensor, pipeline, gpus)
+    if facts.gpu_error is None or target.gpu_indices == []:  # the count is known: judge it
+        gpus = len(gpu_identity(facts, target.gpu_indices)[0])
+        ranks.require_gpus(target.host, tensor, pipeline, gpus)
     layout = cache_volume()
     with open_volume(
         engine, target.image, target.volume, layout, list(target.read_only_mounts)
