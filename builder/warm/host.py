@@ -34,7 +34,7 @@ from builder.warm.key import (
     parallel_shape,
     serve_identity,
 )
-from builder.warm.volume import Listing, VolumeAccess, open_volume
+from builder.warm.volume import HELPER_LABEL, Listing, VolumeAccess, open_volume
 
 BASE = "base.json"
 RESTORED = "restored.json"
@@ -191,6 +191,13 @@ def restore(
                     "(`sm120-stacks cache capture HOST`), or deploy without --require-warm"
                 )
             return _cold(access, result)
+        already = str((access.state(RESTORED) or {}).get("artifact"))
+        if any(found.descriptor.digest == already for found in exact):
+            _write_base(access)
+            done = RestoreResult(already, f"the volume already holds warm cache {already[:19]}")
+            done.recovered = recovered
+            return done
+        _refuse_in_use(engine, target)
         refused: list[str] = []
         for found in exact:
             try:
@@ -221,11 +228,7 @@ def _restore_one(
     key: WarmKey,
     found: artifact.Found,
 ) -> RestoreResult:
-    already = access.state(RESTORED)
     digest = found.descriptor.digest
-    if already and already.get("artifact") == digest:
-        _write_base(access)
-        return RestoreResult(digest, f"the volume already holds warm cache {digest[:19]}")
     files = artifact.files_of(store, found)
     with tempfile.TemporaryDirectory(prefix="sm120-warm-") as scratch:
         tar = Path(scratch) / "cache.tar"
@@ -260,6 +263,25 @@ def _restore_one(
         f"restored warm cache {digest[:19]} ({len(files)} files, {size / 1e6:.1f} MB"
         f"{held_text}, captured on {found.captured_on}){lacking}",
     )
+
+
+def _refuse_in_use(engine: Engine, target: WarmTarget) -> None:
+    """A restore swaps live/ whole: never under a server that runs on it (two pins of one
+    stack on one engine share the default volume)."""
+    running = [
+        c.name
+        for c in engine.containers(volume=target.volume)
+        if (c.attrs.get("State") or {}).get("Running")
+        and HELPER_LABEL not in ((c.attrs.get("Config") or {}).get("Labels") or {})
+    ]
+    if running:
+        raise StackError(
+            f"the cache volume {target.volume} is in use by {', '.join(sorted(running))}: a "
+            "restore would swap the caches of a running server",
+            key="volumes",
+            hint="stop it first, or give each pin its own cache volume (pin with --volume "
+            f"NAME:{cache_volume().mount})",
+        )
 
 
 def _cold(access: VolumeAccess, result: RestoreResult) -> RestoreResult:

@@ -36,6 +36,7 @@ STATE = ".sm120-stacks"
 JOURNAL = ".restore-journal"
 HELPER_LABEL = "sm120-stacks.warm-volume"
 HELPER_SECONDS = 3600
+HELPER_PREFIX = "sm120-stacks-warm-"
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def open_volume(
         image=image,
         entrypoint=("sleep",),
         command=(str(HELPER_SECONDS),),
-        name=f"sm120-stacks-warm-{uuid.uuid4().hex[:12]}",
+        name=f"{HELPER_PREFIX}{uuid.uuid4().hex[:12]}",
         labels={HELPER_LABEL: volume},
         mounts=(
             Mount(volume, ROOT),

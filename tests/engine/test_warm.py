@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 
 from builder import REPO_ROOT
+from builder.errors import StackError
 from builder.evidence.oci import ArtifactStore
 from builder.hosts.pins import CACHE_ENV, CACHE_TARGET, LABEL_HOST, PIN_SCHEMA, Pin, write_pin
+from builder.hosts.remote import connect
 from builder.hosts.warmth import host_facts, target_of
 from builder.image.registry import Registry
 from builder.spec.cache_volume import cache_volume
@@ -165,6 +167,19 @@ def test_capture_restore_and_prove_zero_compiles(
 
     listed = cli_process("cache", "list", warm.host)
     assert ": match" in listed.stdout
+
+    # The same artifact again, the server running on it: nothing to swap, so nothing refused.
+    engine = connect(warm)
+    target = target_of(warm)
+    assert target is not None
+    store = ArtifactStore.of_image(warm.image)
+    again = restore(engine, store, target, host_facts(warm, engine, None))
+    assert again.detail.startswith("the volume already holds warm cache")
+    # A restore that has to swap live/ while this server runs on it: refused.
+    with open_volume(engine, warm.image, target.volume, cache_volume()) as access:
+        access.clear_restored()
+    with pytest.raises(StackError, match="is in use by"):
+        restore(engine, store, target, host_facts(warm, engine, None))
 
 
 def test_a_key_that_differs_is_refused_with_what_differs(
