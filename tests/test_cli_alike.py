@@ -72,7 +72,7 @@ def test_the_smoke_title_names_the_server_in_one_pair_of_parentheses(
 ) -> None:
     from click.testing import CliRunner
 
-    from tests.conftest import cli
+    from builder.cli.main import cli
     from tests.support.fake_chat import Behaviour, fake_chat_server, url_of
 
     (stacks_dir / "url-smoke.yaml").write_text(
@@ -204,3 +204,47 @@ def test_the_old_mount_spelling_is_accepted_for_one_release_with_a_warning(
     assert "--mount 'nope': write SOURCE:TARGET[:ro]" in old.stderr
     new = run_cli("test", "ci-mini", "--volume", "nope")
     assert "deprecated" not in new.stderr
+
+
+# --- one --registry ----------------------------------------------------------------------------
+
+REGISTRY_COMMANDS = {
+    "push": ["push", "ci-mini"],
+    "pull": ["pull", "ci-mini"],
+    "build": ["build", "ci-mini", "--pull-or-build"],
+    "pin": ["pin", "gpu-1", "ci-mini"],
+    "smoke": ["smoke", "ci-mini", "--url", "http://127.0.0.1:9", "--record"],
+    "evidence": ["evidence", "ci-mini"],
+}
+
+
+def test_registry_reads_alike_in_every_command(
+    run_cli: Callable[..., Result], monkeypatch: Any
+) -> None:
+    """HOST[:PORT][/NAMESPACE], default SM120_STACKS_REGISTRY: the same help, and the same
+    refusal of a malformed one, given or from the variable, before any work."""
+    for name, args in REGISTRY_COMMANDS.items():
+        shown = run_cli(args[0], "--help").output
+        assert "--registry HOST[:PORT][/NAMESPACE]" in shown, name
+        assert "SM120_STACKS_REGISTRY" in " ".join(shown.split()), name
+        refused = run_cli(*args, "--registry", "http://x:5000")
+        assert refused.exit_code == 2, (name, refused.output)
+        assert "registry 'http://x:5000' is not HOST[:PORT][/NAMESPACE]" in refused.output, name
+    monkeypatch.setenv("SM120_STACKS_REGISTRY", "http://x:5000")
+    for name, args in REGISTRY_COMMANDS.items():
+        refused = run_cli(*args)
+        assert refused.exit_code == 2, (name, refused.output)
+        assert "registry 'http://x:5000' is not HOST[:PORT][/NAMESPACE]" in refused.output, name
+
+
+def test_an_option_of_smokes_record_is_refused_without_it(run_cli: Callable[..., Result]) -> None:
+    for given in (["--registry", "127.0.0.1:5000"], ["--gpu-kind", "NVIDIA H200"]):
+        refused = run_cli("smoke", "ci-mini", "--url", "http://127.0.0.1:9", *given)
+        assert refused.exit_code == 2, refused.output
+        assert f"{given[0]} names where --record adds the verdict" in refused.output
+
+
+def test_build_refuses_a_registry_it_would_not_ask(run_cli: Callable[..., Result]) -> None:
+    refused = run_cli("build", "ci-mini", "--registry", "127.0.0.1:5000")
+    assert refused.exit_code == 2, refused.output
+    assert "--registry is where --pull-or-build looks for the image" in refused.output

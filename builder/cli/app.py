@@ -25,6 +25,7 @@ from builder.image import address
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
 from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
 from builder.image.engine import Engine
+from builder.image.registry import REGISTRY_ENV
 from builder.lock.lockfile import locked_versions
 from builder.render.context import RenderedContext, render
 from builder.render.digests import DigestCache
@@ -187,6 +188,27 @@ ca_bundle_option = click.option(
     "layer), `test` checks that no image holds it, index queries trust it. Default: this "
     f"host's system trust store; `{CA_BUNDLE_OPT_OUT}`: no bundle (env {CA_BUNDLE_ENV}).",
 )
+
+
+REGISTRY_FORM = "HOST[:PORT][/NAMESPACE]"
+
+
+def registry_option(purpose: str) -> Callable[[F], F]:
+    """--registry, alike in every command that takes it: HOST[:PORT][/NAMESPACE], default
+    SM120_STACKS_REGISTRY (image.registry.Registry parses it). purpose: what this command does
+    with it, for its help."""
+    return click.option(
+        "--registry",
+        envvar=REGISTRY_ENV,
+        metavar=REGISTRY_FORM,
+        help=f"{purpose} (default: env {REGISTRY_ENV}).",
+    )
+
+
+def given_here(ctx: click.Context, name: str) -> bool:
+    """The option was written on the command line (not a default, not its env variable):
+    refusing an option that does not apply must not refuse a variable set for other commands."""
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
 
 
 def _use_engine(ctx: click.Context, param: click.Parameter, value: str | None) -> None:

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from builder.cli.app import Settings, cli, pass_settings, user_errors
+from builder.cli.app import Settings, cli, pass_settings, registry_option, user_errors
 from builder.evidence.reader import Evidence, read_evidence
 from builder.image.registry import Registry
 
@@ -45,7 +45,7 @@ def image_reference(image: str) -> str:
 
 @cli.command("evidence")
 @click.argument("image")
-@click.option("--registry", help="HOST[:PORT][/NAMESPACE] (default: SM120_STACKS_REGISTRY).")
+@registry_option("The registry the image is in")
 @click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
 @pass_settings
 @user_errors

@@ -8,13 +8,20 @@ host, not the command line.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import click
 
-from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
+from builder.cli.app import (
+    Settings,
+    cli,
+    engine_option,
+    given_here,
+    pass_settings,
+    registry_option,
+    user_errors,
+)
 from builder.cli.fleet import all_pins, deploy_pins, verify_pins
 from builder.errors import StackError, ToolMissing
 from builder.hosts import remote, topology
@@ -26,7 +33,7 @@ from builder.image.address import check_address
 from builder.image.engine import Engine
 from builder.image.hostprobe import Probe, gather, probe_for
 from builder.image.records import Record, load_record
-from builder.image.registry import REGISTRY_ENV, Registry
+from builder.image.registry import Registry
 from builder.spec.mounts import parse_mount
 from builder.spec.serve import serve_argv
 from builder.spec.yamlsafe import load_yaml
@@ -57,7 +64,10 @@ def _engine(settings: Settings) -> tuple[Engine | None, str | None]:
 @cli.command()
 @click.argument("host")
 @click.argument("stack")
-@click.option("--registry", help="The registry the host pulls from (when pushed to several).")
+@registry_option(
+    "The registry the host pulls from, and whose evidence is read where this build folder has "
+    "no record of the image; from the variable, only where the image was pushed there"
+)
 @click.option("--gpus", default="all", show_default=True, help="all, none, or indices: 0,1.")
 @click.option(
     "--port",
@@ -158,6 +168,10 @@ def pin(
         check_address(host_engine, key="--engine")
     if record.tests != "passed" or not record.pushed:
         record = _record_from_registry(registry, stack, content_hash, record)
+    if repository not in (None, *record.pushed) and not given_here(
+        click.get_current_context(), "registry"
+    ):
+        repository = None  # the variable names a registry the image is not in: not a choice
     if gpu_kind is None and resolved.manifest.smoke.needs_gpu:
         gpu_kind = _host_gpu_kind(host_engine)
     options = PinOptions(
@@ -194,7 +208,7 @@ def _record_from_registry(
     from builder.cli.evidence import print_verdicts
     from builder.evidence.reader import has_image, read_evidence
 
-    if registry is None and not os.environ.get(REGISTRY_ENV):
+    if registry is None:
         return local  # make_pin says what is missing, and how to get it
     source = Registry.parse(registry)
     if not has_image(source, stack, content_hash):

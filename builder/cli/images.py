@@ -13,7 +13,9 @@ from builder.cli.app import (
     ca_bundle_option,
     cli,
     engine_option,
+    given_here,
     pass_settings,
+    registry_option,
     require_pinned_bases,
     user_errors,
 )
@@ -32,12 +34,15 @@ from builder.image.registry import Registry
 #: measured (vllm-0.17-flashinfer-cutlass, 69 min on 2 cores), with room for a slower machine.
 BUILD_WAIT_S = 6 * 3600
 
-registry_option = click.option(
-    "--registry",
-    envvar="SM120_STACKS_REGISTRY",
-    metavar="HOST[:PORT][/NAMESPACE]",
-    help="Registry to push to / pull from (env SM120_STACKS_REGISTRY).",
-)
+
+def registry_unused(registry: str | None, pull_or_build: bool) -> bool:
+    """build's --registry written on its command line without --pull-or-build: it would be
+    ignored (the variable set for push is not refused)."""
+    return (
+        registry is not None
+        and not pull_or_build
+        and given_here(click.get_current_context(), "registry")
+    )
 
 
 def layer_lines(action: str, ref: str) -> LayerProgress:
@@ -53,7 +58,7 @@ def layer_lines(action: str, ref: str) -> LayerProgress:
     is_flag=True,
     help="Pull the image of this exact content hash when the registry has it.",
 )
-@registry_option
+@registry_option("With --pull-or-build: the registry to pull from")
 @click.option("--network", default="host", show_default=True, help="Network for RUN steps.")
 @ca_bundle_option
 @click.option(
@@ -129,6 +134,13 @@ def build(
     context goes there, the image stays there, and `push` with the same --engine pushes it
     from there.
     """
+    if registry_unused(registry, pull_or_build):
+        raise StackError(
+            "--registry is where --pull-or-build looks for the image: without it a build asks "
+            "no registry (--cache-from-registry reuses a registry's layers)",
+            key="--registry",
+            hint="add --pull-or-build, or leave out --registry",
+        )
     proxy_ca = resolve_ca_bundle(ca_bundle)
     taken = uptodate.fingerprint(settings.stacks_dir, [])
     resolved = settings.checked(stack)
@@ -195,7 +207,7 @@ def build(
 
 @cli.command()
 @click.argument("stack")
-@registry_option
+@registry_option("The registry to push to")
 @click.option("--force", is_flag=True, help="Push even when the image's tests did not pass.")
 @engine_option
 @pass_settings
@@ -232,7 +244,7 @@ def push(settings: Settings, stack: str, registry: str | None, force: bool) -> N
 
 @cli.command()
 @click.argument("stack")
-@registry_option
+@registry_option("The registry to pull from")
 @engine_option
 @pass_settings
 @user_errors

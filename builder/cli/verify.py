@@ -15,8 +15,10 @@ from builder.cli.app import (
     ca_bundle_option,
     cli,
     engine_option,
+    given_here,
     out,
     pass_settings,
+    registry_option,
     user_errors,
 )
 from builder.errors import StackError
@@ -310,7 +312,7 @@ def _smoke_runner(
     help="Add the verdict to the image's evidence in the registry (--registry): one host's "
     "smoke counts for every host of its GPU kind.",
 )
-@click.option("--registry", help="With --record: HOST[:PORT][/NAMESPACE] the image is in.")
+@registry_option("With --record: the registry the image is in")
 @click.option(
     "--gpu-kind",
     metavar="NAME",
@@ -343,6 +345,20 @@ def smoke_command(
     FLASHINFER_JIT_VERBOSE=1, or FlashInfer's compiles leave no line in its log."""
     from builder.verify import smoke, soak  # imports requests: paid only when a smoke runs
 
+    ctx = click.get_current_context()
+    for name in ("registry", "gpu_kind"):
+        if not record and given_here(ctx, name):
+            option = "--" + name.replace("_", "-")
+            raise StackError(
+                f"{option} names where --record adds the verdict: without --record nothing is "
+                "recorded",
+                key=option,
+                hint=f"add --record, or leave out {option}",
+            )
+    if record:  # its form is checked before the smoke, not after minutes of it
+        from builder.image.registry import Registry
+
+        Registry.parse(registry)
     resolved = settings.checked(stack)
     if not url.startswith(("http://", "https://")):
         raise StackError(f"--url {url!r} is not an http(s) URL", key="--url")
