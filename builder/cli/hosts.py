@@ -156,7 +156,7 @@ def pin(
     the verdicts come from its evidence in the registry (--registry), checked.
 
     A pin that replaces a different one keeps it as hosts/previous/HOST.yaml: what
-    `deploy --all --apply` puts the host back on when the new one fails its gate.
+    `deploy --apply` (one host or all) puts the host back on when the new one fails its gate.
     """
     resolved = settings.checked(stack)
     for text in volumes:  # the command line first, before any record or registry is read
