@@ -86,23 +86,32 @@ PY
 }
 
 nccl4() {
-  "${PY[@]}" - <<'PY' 2>&1 | tee "$RES/nccl4.txt"
-import os, tempfile
+  # A file, not stdin: spawned processes import the main module again by its path.
+  cat >"$RES/nccl4.py" <<'PY'
+"""One all-reduce over every GPU, a process each (NCCL; --cpu: gloo on 4 CPU processes)."""
+import os, sys, tempfile
 import torch, torch.distributed as dist, torch.multiprocessing as mp
-env = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
-def work(rank: int, world: int, init: str) -> None:
-    os.environ.update(env)
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
-    t = torch.full((1024,), float(rank + 1), device="cuda")
+ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+def work(rank: int, world: int, init: str, cpu: bool) -> None:
+    os.environ.update(ENV)
+    if not cpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("gloo" if cpu else "nccl", init_method=init, rank=rank, world_size=world)
+    t = torch.full((1024,), float(rank + 1), device="cpu" if cpu else "cuda")
     dist.all_reduce(t)
-    torch.cuda.synchronize()
+    if not cpu:
+        torch.cuda.synchronize()
     print(f"rank {rank}: all_reduce sum {t[0].item()} (want {world * (world + 1) / 2})", flush=True)
     dist.destroy_process_group()
-world = torch.cuda.device_count()
-print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), "GPUs", world, env)
-mp.spawn(work, args=(world, f"file://{tempfile.mktemp()}"), nprocs=world)
+if __name__ == "__main__":
+    cpu = "--cpu" in sys.argv
+    world = 4 if cpu else torch.cuda.device_count()
+    nccl = None if cpu else torch.cuda.nccl.version()
+    print("torch", torch.__version__, "nccl", nccl, "processes", world, ENV, flush=True)
+    mp.spawn(work, args=(world, f"file://{tempfile.mktemp()}", cpu), nprocs=world)
 PY
+  "${PY[@]}" "$RES/nccl4.py" "$@" 2>&1 | tee "$RES/nccl4.txt"
+  return "${PIPESTATUS[0]}"
 }
 
 doctor() {
@@ -173,9 +182,11 @@ collect() {
 }
 
 run_step() {
-  case "$1" in
+  local name="$1"
+  shift
+  case "$name" in
     torchcheck) bash "$here/h200_vllm033.sh" torchcheck ;;
-    nccl4) nccl4 ;;
+    nccl4) nccl4 "$@" ;;
     doctor) doctor ;;
     cold) "${W[@]}" start tp2pp2-cold "$VOL" --fresh ;;
     capture) "${W[@]}" capture "$VOL" "$ART" && ranks_of_artifact ;;
@@ -183,7 +194,7 @@ run_step() {
     restore) restore_checked ;;
     restored) "${W[@]}" start tp2pp2-restored "$FRESH" ;;
     collect) collect ;;
-    *) echo "unknown step $1" >&2; return 2 ;;
+    *) echo "unknown step $name" >&2; return 2 ;;
   esac
 }
 
