@@ -192,3 +192,29 @@ def models(tmp_path_factory: pytest.TempPathFactory, workspace: Path) -> dict[st
         "wrong": make_tiny_model(root / "wrong", [(p.prompt, WRONG) for p in prompts]),
         "empty": empty,
     }
+
+
+#: A small image with Python and a shell (scripts/make-base-local.sh), for servers of a few lines.
+LOCAL_BASE = "local/debian-python:bookworm"
+
+
+@contextlib.contextmanager
+def pushed_local_base(
+    api: Any, engine: DockerEngine, registry: Registry, name: str
+) -> Iterator[str]:
+    """The local base image pushed as REGISTRY/NAME:1, by digest (what a pin names); its tag
+    removed afterwards."""
+    from docker.errors import ImageNotFound
+
+    try:
+        api.images.get(LOCAL_BASE)
+    except ImageNotFound:
+        subprocess.run([str(REPO_ROOT / "scripts" / "make-base-local.sh")], check=True)
+    repository = f"{registry.host}/{name}"
+    engine.tag(LOCAL_BASE, f"{repository}:1")
+    digest = engine.push(repository, "1")
+    try:
+        yield f"{repository}@{digest}"
+    finally:
+        with contextlib.suppress(Exception):
+            api.images.remove(f"{repository}:1")

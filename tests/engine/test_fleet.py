@@ -9,10 +9,8 @@ the full proof with separate engines reached over ssh is `make bench-fleet`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
-import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -21,13 +19,12 @@ from typing import Any
 
 import pytest
 
-from builder import REPO_ROOT
 from builder.hosts.pins import LABEL_HOST, PIN_SCHEMA, Pin, write_pin
 from builder.image.registry import Registry
+from tests.engine.conftest import pushed_local_base
 
 pytestmark = pytest.mark.engine
 
-LOCAL_BASE = "local/debian-python:bookworm"
 HOSTS = ("fleet-a", "fleet-b")
 #: One line (a pin's arguments hold no newline): /health answers 200, / the pin's VERSION.
 SERVER = (
@@ -50,18 +47,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def served_image(api: Any, engine: Any, registry: Registry) -> Iterator[str]:
     """The local base image in the registry, by digest (what a pin names)."""
-    from docker.errors import ImageNotFound
-
-    try:
-        api.images.get(LOCAL_BASE)
-    except ImageNotFound:
-        subprocess.run([str(REPO_ROOT / "scripts" / "make-base-local.sh")], check=True)
-    repository = f"{registry.host}/sm120-fleet-test/server"
-    engine.tag(LOCAL_BASE, f"{repository}:1")
-    digest = engine.push(repository, "1")
-    yield f"{repository}@{digest}"
-    with contextlib.suppress(Exception):
-        api.images.remove(f"{repository}:1")
+    with pushed_local_base(api, engine, registry, "sm120-fleet-test/server") as image:
+        yield image
 
 
 @pytest.fixture

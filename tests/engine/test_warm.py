@@ -16,14 +16,12 @@ import multiprocessing
 import os
 import signal
 import socket
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from builder import REPO_ROOT
 from builder.errors import StackError
 from builder.evidence.oci import ArtifactStore
 from builder.hosts.pins import CACHE_ENV, CACHE_TARGET, LABEL_HOST, PIN_SCHEMA, Pin, write_pin
@@ -34,12 +32,11 @@ from builder.spec.cache_volume import cache_volume
 from builder.warm import archive, artifact
 from builder.warm.host import host_key, restore
 from builder.warm.volume import VolumeAccess, open_volume
-from tests.engine.conftest import RUN, unique
+from tests.engine.conftest import RUN, pushed_local_base, unique
 from tests.support.health import wait_healthy
 
 pytestmark = pytest.mark.engine
 
-LOCAL_BASE = "local/debian-python:bookworm"
 #: One line: load the kernel or compile it (1 s; its bytes name the container that made it),
 #: keep a lock beside it, serve /health.
 SERVER = (
@@ -63,18 +60,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served_image(api: Any, engine: Any, registry: Registry) -> Iterator[str]:
-    from docker.errors import ImageNotFound
-
-    try:
-        api.images.get(LOCAL_BASE)
-    except ImageNotFound:
-        subprocess.run([str(REPO_ROOT / "scripts" / "make-base-local.sh")], check=True)
-    repository = f"{registry.host}/sm120-warm-test-{RUN}/server"
-    engine.tag(LOCAL_BASE, f"{repository}:1")
-    digest = engine.push(repository, "1")
-    yield f"{repository}@{digest}"
-    with contextlib.suppress(Exception):
-        api.images.remove(f"{repository}:1")
+    """The local base image in the registry, by digest (what a pin names)."""
+    with pushed_local_base(api, engine, registry, f"sm120-warm-test-{RUN}/server") as image:
+        yield image
 
 
 @pytest.fixture
