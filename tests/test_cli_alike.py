@@ -248,3 +248,29 @@ def test_build_refuses_a_registry_it_would_not_ask(run_cli: Callable[..., Result
     refused = run_cli("build", "ci-mini", "--registry", "127.0.0.1:5000")
     assert refused.exit_code == 2, refused.output
     assert "--registry is where --pull-or-build looks for the image" in refused.output
+
+
+def test_pin_and_test_take_the_model_folder_alike(
+    stacks_dir: Path, tmp_path: Path, run_cli: Callable[..., Result]
+) -> None:
+    """--models DIR is DIR:/models:ro in both: the smoke's mount and the pinned server's."""
+    from builder.hosts.pins import load_pin
+    from builder.spec.mounts import DEFAULT_MODELS
+    from builder.spec.resolve import resolve
+    from tests.test_hosts import STACK, _tested_and_pushed
+
+    _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir))
+    models = tmp_path / "models"
+    pinned = run_cli("pin", "gpu-1", STACK, "--models", str(models), stacks_dir=stacks_dir)
+    assert pinned.exit_code == 0, pinned.output
+    volumes = [
+        (v.source, v.target, v.read_only) for v in load_pin(tmp_path / "hosts", "gpu-1").volumes
+    ]
+    assert (str(models), "/models", True) in volumes and len(volumes) == 2  # and the caches
+    both = run_cli(
+        *("pin", "gpu-1", STACK, "--models", str(models), "--volume", "/srv/m:/models:ro"),
+        stacks_dir=stacks_dir,
+    )
+    assert both.exit_code == 2 and "both name the model folder" in both.output
+    for command in ("pin", "test"):
+        assert DEFAULT_MODELS in " ".join(run_cli(command, "--help").output.split())

@@ -34,7 +34,7 @@ from builder.image.engine import Engine
 from builder.image.hostprobe import Probe, gather, probe_for
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
-from builder.spec.mounts import parse_mount
+from builder.spec.mounts import DEFAULT_MODELS, models_mount, parse_mount
 from builder.spec.serve import serve_argv
 from builder.spec.yamlsafe import load_yaml
 
@@ -81,6 +81,13 @@ def _engine(settings: Settings) -> tuple[Engine | None, str | None]:
     "volumes",
     multiple=True,
     help="SOURCE:TARGET[:ro] (repeat); default: /var/lib/sm120-stacks/models:/models.",
+)
+@click.option(
+    "--models",
+    "models_dir",
+    metavar="DIR",
+    help="The host's model folder, mounted read-only at /models as `test --models` mounts it "
+    f"for the smoke (default: {DEFAULT_MODELS}).",
 )
 @click.option("--env", "env", multiple=True, help="NAME=VALUE added to the manifest's env.")
 @click.option(
@@ -139,6 +146,7 @@ def pin(
     gpus: str,
     ports: tuple[str, ...],
     volumes: tuple[str, ...],
+    models_dir: str | None,
     env: tuple[str, ...],
     restart: str,
     host_engine: str | None,
@@ -161,6 +169,8 @@ def pin(
     resolved = settings.checked(stack)
     for text in volumes:  # the command line first, before any record or registry is read
         parse_mount(text, "--volume")
+    if models_dir is not None:
+        models_mount(models_dir)
     content_hash = settings.render(resolved).content_hash()
     record = load_record(settings.build_dir, stack, content_hash)
     repository = Registry.parse(registry).repository if registry else None
@@ -178,6 +188,7 @@ def pin(
         gpus=gpus,
         ports=ports,
         volumes=volumes,
+        models=models_dir,
         env=env,
         restart=restart,
         engine=host_engine,

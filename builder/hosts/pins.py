@@ -34,7 +34,7 @@ from builder.spec.archflags import capabilities
 from builder.spec.cache_volume import cache_volume
 from builder.spec.knowledge import parse_document
 from builder.spec.manifest import ExactVersion, Identifier, SafeText, ServeArg, Sha256, Slug
-from builder.spec.mounts import parse_mount
+from builder.spec.mounts import DEFAULT_MODELS, MODELS_TARGET, models_mount, parse_mount
 from builder.spec.resolve import ResolvedStack
 from builder.spec.serve import serve_argv
 from builder.spec.strict import Strict
@@ -45,8 +45,6 @@ from builder.spec.yamlsafe import YamlDocument, load_yaml
 PIN_SCHEMA = 2
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 HOST_NAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
-DEFAULT_MODELS = "/var/lib/sm120-stacks/models"
-MODELS_TARGET = "/models"
 #: Runtime compile caches on a volume of the host, so a restart or a new container of the same
 #: stack loads what the last one compiled instead of compiling again: vLLM's torch.compile
 #: graphs, Inductor's and Triton's kernels, CuTe-DSL modules, FlashInfer's JIT workspace and
@@ -173,6 +171,9 @@ class PinOptions:
     allow_unserved: bool = False
     #: The host's file holding the API key (its path goes into the pin, never the key).
     api_key_file: str | None = None
+    #: The host's model folder (--models DIR), mounted read-only at /models as `test --models`
+    #: mounts it for the smoke; None: DEFAULT_MODELS.
+    models: str | None = None
     #: Publish beyond loopback without a key (recorded in the pin).
     no_auth: bool = False
     #: UID[:GID] the server runs as.
@@ -397,7 +398,7 @@ def make_pin(
         env={**(CACHE_ENV if m.serve.engine == "vllm" else {}), **m.env, **_pairs(options.env)},
         gpus=_gpus(options.gpus),
         ports=list(options.ports) or [f"127.0.0.1:{m.serve.port}:{m.serve.port}"],
-        volumes=[_volume(v) for v in options.volumes] or _default_volumes(stack),
+        volumes=_volumes(stack, options),
         shm_size=m.serve.shm_size,
         restart=options.restart,
         engine=options.engine,
@@ -461,10 +462,32 @@ def _loopback(mapping: str) -> bool:
     return bool(ip) and ip.startswith("127.")
 
 
-def _default_volumes(stack: ResolvedStack) -> list[Volume]:
+def _volumes(stack: ResolvedStack, options: PinOptions) -> list[Volume]:
+    """--volume as given, else the defaults; --models DIR is the models mount either way (one
+    --volume at /models beside it would give the server two model folders: refused)."""
+    given = [_volume(v) for v in options.volumes]
+    if not given:
+        return _default_volumes(stack, options.models)
+    if options.models is None:
+        return given
+    if any(v.target == MODELS_TARGET for v in given):
+        raise StackError(
+            f"--models and a --volume at {MODELS_TARGET} both name the model folder",
+            key="--models",
+            hint=f"give one: --models DIR, or --volume DIR:{MODELS_TARGET}:ro",
+        )
+    return [_models_volume(options.models), *given]
+
+
+def _models_volume(folder: str) -> Volume:
+    mount = models_mount(folder)
+    return Volume(source=mount.source, target=mount.target, read_only=mount.read_only)
+
+
+def _default_volumes(stack: ResolvedStack, models: str | None = None) -> list[Volume]:
     """Models from the host, read-only (the server reads them; its caches have their own
     volume); for vLLM, a named volume per stack for the compile caches."""
-    volumes = [Volume(source=DEFAULT_MODELS, target=MODELS_TARGET, read_only=True)]
+    volumes = [_models_volume(models or DEFAULT_MODELS)]
     if stack.manifest.serve.engine == "vllm":
         volumes.append(Volume(source=f"sm120-stacks-cache-{stack.name}", target=CACHE_TARGET))
     return volumes

@@ -16,6 +16,11 @@ from pathlib import Path
 from builder.errors import StackError
 
 SYNTAX = "SOURCE:TARGET[:ro]"
+#: The host's model folder, mounted read-only at MODELS_TARGET: by `pin` (its default volume,
+#: or --models DIR) and by `test`'s smoke (--models DIR), so that a model the smoke found is
+#: where the pinned server looks for it.
+DEFAULT_MODELS = "/var/lib/sm120-stacks/models"
+MODELS_TARGET = "/models"
 _PATH = re.compile(r"^/[A-Za-z0-9_./+-]*$")
 _VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -46,3 +51,8 @@ def parse_mount(text: str, option: str = "--volume") -> MountSpec:
             key=option,
         )
     return MountSpec(source, target, read_only=parts[2:] == ["ro"])
+
+
+def models_mount(folder: str | Path, option: str = "--models") -> MountSpec:
+    """--models DIR: the mount it stands for, DIR:/models:ro, read as any other."""
+    return parse_mount(f"{Path(folder).absolute()}:{MODELS_TARGET}:ro", option)

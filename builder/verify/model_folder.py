@@ -19,14 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import StackError
+from builder.spec.mounts import DEFAULT_MODELS as DEFAULT_MODELS  # test --models' default
+from builder.spec.mounts import MODELS_TARGET, models_mount
 from builder.spec.resolve import ResolvedStack
 from builder.spec.yamlsafe import load_yaml
 
-#: The host's model folder when none is named: the one a pin mounts (tests/test_model_folder.py
-#: holds it equal to builder.hosts.pins.DEFAULT_MODELS, which a lower step cannot import).
-DEFAULT_MODELS = "/var/lib/sm120-stacks/models"
-#: Where the server reads a model folder, as the pins mount it.
-MODELS_TARGET = "/models"
 #: The key that names the model, for messages that point at the manifest.
 MODEL_KEY = ("serve", "model", "id")
 
@@ -97,7 +94,8 @@ def with_models_folder(
         return mounts
     if not models.is_dir():
         return mounts
-    return {**mounts, str(models.resolve()): MODELS_TARGET}
+    mount = models_mount(models.resolve())  # the mount `pin --models` gives the server
+    return {**mounts, mount.source: mount.target}
 
 
 def require(stack: ResolvedStack, mounts: dict[str, str], models: Path) -> Path:
