@@ -7,6 +7,7 @@ is imported only then (this module is imported by every command). Every SDK call
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -62,6 +63,8 @@ def _sdk_client(address: str | None, ping: bool = False) -> Any:
     import requests
     from docker.errors import DockerException
 
+    if is_ssh(address):
+        _close_ssh_quietly()
     try:
         client = docker.DockerClient(
             base_url=address or DEFAULT_ADDRESS,
@@ -74,6 +77,35 @@ def _sdk_client(address: str | None, ping: bool = False) -> Any:
     except (DockerException, requests.RequestException, OSError) as exc:
         raise _unreachable(address, exc) from None
     return client
+
+
+def _close_ssh_quietly() -> None:
+    """Let the SDK's ssh connection close when its ssh client has already exited.
+
+    Over ssh the SDK talks to `docker system dial-stdio` on the host through an ssh process
+    (docker/transport/sshconn.py, docker-py 7.1), and closing a connection writes to that
+    process's stdin. A hijacked stream (an exec's output) ends with the engine closing the
+    connection, the remote dial-stdio and then ssh exit, and that write is a BrokenPipeError:
+    after the output was read, so every `exec` on an ssh engine failed (click took the
+    EPIPE for a closed terminal and exited 1 without a word: `deploy --apply` with a warm
+    cache on a namespace host, bench/warm-fleet.sh). A client that is gone has nothing to be
+    told: its pipe is closed and it is stopped, as the SDK's own close would."""
+    from docker.transport import sshconn
+
+    close = sshconn.SSHSocket.close
+    if getattr(close, "sm120_quiet", False):
+        return
+
+    def quiet(self: Any) -> None:
+        try:
+            close(self)
+        except BrokenPipeError:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()  # its buffer's flush fails again; the pipe is closed
+            self.proc.terminate()
+
+    quiet.sm120_quiet = True  # type: ignore[attr-defined]
+    sshconn.SSHSocket.close = quiet
 
 
 def _tls(address: str | None) -> Any:
