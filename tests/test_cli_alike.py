@@ -274,3 +274,17 @@ def test_pin_and_test_take_the_model_folder_alike(
     assert both.exit_code == 2 and "both name the model folder" in both.output
     for command in ("pin", "test"):
         assert DEFAULT_MODELS in " ".join(run_cli(command, "--help").output.split())
+
+
+def test_the_roll_table_prints_an_error_that_looks_like_markup(
+    capsys: Any,
+) -> None:
+    """An error naming HOST[:PORT][/NAMESPACE] or [:ro] is text, not rich markup (it raised
+    MarkupError: a traceback in place of the roll's table)."""
+    from builder.cli.fleet import _print_results
+    from builder.hosts.fleet import FAILED, HostResult
+
+    detail = "deploy failed: write --registry HOST[:PORT][/NAMESPACE] or SOURCE:TARGET[:ro]"
+    _print_results([HostResult("gpu-a", "local", "r@sha256:" + "a" * 64, FAILED, detail)])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "[/NAMESPACE]" in shown and "[:ro]" in shown

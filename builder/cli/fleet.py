@@ -171,7 +171,8 @@ def _print_results(results: list[HostResult]) -> None:
     table = Table("host", "engine", "image", "status", "detail")
     for r in results:
         detail = r.detail if r.rollback is None else f"{r.detail}\nrollback: {r.rollback}"
-        table.add_row(r.host, r.engine, r.image.rsplit("@", 1)[-1][:19], r.status, detail)
+        cells = (r.host, r.engine, r.image.rsplit("@", 1)[-1][:19], r.status, detail)
+        table.add_row(*(escape(cell) for cell in cells))  # an error's [:ro] is no markup
     out.print(table)
     failed = [r for r in results if r.status not in (OK, NOT_REACHED)]
     if failed:
