@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLI := $(BIN)/sm120-stacks
 STACK ?= ci-mini
 
-.PHONY: help venv host host-registry stack build render check docs docs-check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet bench-faults bench-tool-soak arm64-emulated clean
+.PHONY: help venv host host-registry stack build render check docs docs-check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet bench-faults bench-tool-soak bench-warm-fleet arm64-emulated clean
 
 help:
 	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml (MODELS=DIR: the host's model folder)"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench-fleet        two hosts (namespaces, sshd, dockerd): roll, rollback, drift (bench/RESULTS.md)"
 	@echo "make bench-faults       a private engine restarted mid-build/push/test, a full registry, a prune (bench/FAULTS.md)"
 	@echo "make bench-tool-soak    two build folders looping build..verify on the fleet, then leaks counted (bench/FAULTS.md)"
+	@echo "make bench-warm-fleet   a warm cache captured on one namespace host, restored and proved on a second"
 	@echo "make arm64-emulated     ci-mini for linux/arm64 under qemu here: qemu/binfmt, arm64 bases, build, test (MEASURE=1: timed cold against amd64, bench/RESULTS.md)"
 
 $(VENV)/.installed: pyproject.toml
@@ -128,6 +129,11 @@ bench-faults: venv host base-cuda-local build/tiny-model
 # then every leak counted (LOOPS, LIMIT_S): bench/FAULTS.md, bench/results/tool-soak/.
 bench-tool-soak: venv host base-cuda-local build/tiny-model
 	bench/tool-soak.sh
+
+# Issue 24 item 5: capture on namespace host 1 (cold), restore on host 2 with --require-warm,
+# `cache prove` there says nothing compiled: bench/results/warm-fleet/.
+bench-warm-fleet: venv host-registry base-local
+	bench/warm-fleet.sh
 
 # ci-mini-arm64 built and tested on this amd64 machine under emulation (qemu-user-static through
 # binfmt_misc, which it installs and registers). Not part of `make test`: CI machines need not

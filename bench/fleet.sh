@@ -94,10 +94,14 @@ scripts/fleet-netns.sh up 2 >"$WORK/fleet.env"
 started=1
 # shellcheck disable=SC1091
 . "$WORK/fleet.env"
+# The serve port is published beyond loopback (this machine asks it over the namespace link),
+# so the servers want a key (pin refuses otherwise): one file, read by the server on the host
+# (the namespaces share this machine's disk) and by the deploy's smoke here.
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/api-key"
 pin() {  # pin HOST STACK MODELS
     must "pin-$1-$2" "$CLI" "${SUB[@]}" pin "$1" "$2" --engine "ssh://root@10.231.${1#fleet-h}.2" \
-        --gpus none --port 8000:8000 --volume "$WORK/models/$3:/models:ro" \
-        --registry "$REGISTRY/$NAMESPACE"
+        --gpus none --port 8000:8000 --api-key-file "$WORK/api-key" \
+        --volume "$WORK/models/$3:/models:ro" --registry "$REGISTRY/$NAMESPACE"
 }
 pin fleet-h1 ci-mini right
 pin fleet-h2 ci-mini right
@@ -117,7 +121,7 @@ may verify-3-after-rollback "$CLI" "${SUB[@]}" verify --all
 stamp "5. what each host serves now"
 for i in 1 2; do
     answer=$(curl -s -m 60 "http://10.231.$i.2:8000/v1/chat/completions" \
-        -H 'content-type: application/json' \
+        -H 'content-type: application/json' -H "authorization: Bearer $(cat "$WORK/api-key")" \
         -d '{"model": "/models/tiny", "messages": [{"role": "user", "content": "What is the capital of Kentucky?"}], "max_tokens": 20, "temperature": 0}' |
         "$PY" -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])' || echo "(no answer)")
     env=$(DOCKER_HOST=ssh://root@10.231.$i.2 docker inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "sm120-stacks-fleet-h$i" | grep OMP_NUM_THREADS || true)
