@@ -143,6 +143,7 @@ def deploy_pins(
         describe=lambda pin: remote.describe(pin, default),
         log=say,
         before_start=restorer(warm),
+        remove_superseded=True,
     )
     results = roll(pins, fleet)
     if as_json:

@@ -26,6 +26,7 @@ from builder.errors import EngineError, OperationFailed, StackError, ToolMissing
 from builder.hosts.deploy import BeforeStart, apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
+from builder.hosts.superseded import remove_superseded
 from builder.image.engine import Container, Engine
 from builder.image.progress import Say, Throttle
 from builder.spec.resolve import ResolvedStack
@@ -92,6 +93,9 @@ class Fleet:
     log: Callable[[str], None] = print
     #: Run between a host's old container and its new one (the warm-cache restore).
     before_start: BeforeStart | None = None
+    #: Remove the images of pins the host no longer has, once it passed its gates
+    #: (hosts/superseded.py); None: keep them.
+    remove_superseded: bool = False
 
 
 def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
@@ -124,6 +128,8 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
         if gate.passed:
             result.status = OK
             fleet.log(f"{pin.host}: ok ({gate.detail})")
+            if fleet.remove_superseded:
+                _remove_superseded(pin, engine, fleet)
             continue
         fleet.log(f"{pin.host}: FAILED: {gate.detail}")
         if unchanged:
@@ -135,6 +141,20 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
         _not_reached(pins[index + 1 :], results, fleet)
         break
     return results
+
+
+def _remove_superseded(pin: Pin, engine: Engine, fleet: Fleet) -> None:
+    """The images of the host's earlier pins, but its previous pin's (a rollback's), removed."""
+    try:
+        previous = fleet.previous(pin.host)
+        keep = [pin.image] + ([previous.image] if previous is not None else [])
+        said = remove_superseded(engine, pin.stack, keep)
+    except EngineError as exc:  # the host is deployed; its old images wait for the next roll
+        said = f"old images not removed: {exc.explanation}"
+    except StackError as exc:  # without the previous pin, which image a rollback needs is unknown
+        said = f"old images not removed: {_message(exc)}"
+    if said is not None:
+        fleet.log(f"{pin.host}: {said}")
 
 
 def _roll_back(pin: Pin, engine: Engine, fleet: Fleet) -> str:

@@ -322,6 +322,15 @@ class DockerEngine:
         with _engine_errors():
             self.sdk.api.tag(image, repository, tag=tag)
 
+    def images(self, *, label: str) -> list[Image]:
+        with _engine_errors():
+            found = self.sdk.images.list(filters={"label": label})
+        return [Image(str(image.id), dict(image.attrs)) for image in found]
+
+    def remove_image(self, image_id: str) -> None:
+        with _engine_errors():
+            self.sdk.api.remove_image(image_id, force=False, noprune=False)
+
     def untag(self, ref: str) -> None:
         with _engine_errors():
             # noprune: untagging never deletes the image's untagged parent layers.

@@ -226,6 +226,15 @@ class Engine(Protocol):
         """Point ref (repository[:tag]) at image (an ID or a reference)."""
         ...
 
+    def images(self, *, label: str) -> list[Image]:
+        """Every image with this label (`key` or `key=value`)."""
+        ...
+
+    def remove_image(self, image_id: str) -> None:
+        """Delete the image with all its names; the engine refuses (EngineError) while a
+        container uses it."""
+        ...
+
     def untag(self, ref: str) -> None:
         """Remove the name ref (repository:tag) from its image, which stays while another name
         holds it (a failed push's registry tag: builder.image.registry.push)."""
