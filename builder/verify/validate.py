@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import re
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -56,7 +57,9 @@ def run_static_checks(
     from builder.verify.run_checks import CheckInputs, run_checks  # pytest: only when checking
 
     inputs = CheckInputs(expect, image.attrs, proxy_ca_lines(proxy_ca))
-    reap_orphans(engine)  # what a run the engine lost left behind (verify/owner.py)
+    # What a run the engine lost left behind (verify/owner.py); said on stderr, where it
+    # cannot mix into `test --json`'s report on stdout.
+    reap_orphans(engine, lambda line: print(line, file=sys.stderr))
     container = engine.run(
         ContainerSpec(
             image=image_ref,
