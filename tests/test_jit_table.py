@@ -737,6 +737,9 @@ class _SmokeEngine(_LocalEngine):
     def run(self, spec: ContainerSpec) -> Any:
         return self.serving if spec.command is None else super().run(spec)
 
+    def containers(self, *, label: str | None = None, volume: str | None = None) -> list[Any]:
+        return []  # no container a dead run left behind (verify/owner.py reap_orphans)
+
 
 def test_run_smoke_lists_the_image_then_its_own_container(tmp_path: Path) -> None:
     """`test --require-gpu`'s path through run_smoke: the listing before runs in a throwaway
