@@ -28,18 +28,7 @@ PY=$PWD/.venv/bin/python
 mkdir -p "$OUT"
 SECONDS=0
 
-stamp() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$OUT/timeline.txt"; }
-run() {  # run NAME CMD...: output to $OUT/NAME.txt and the terminal; returns its status
-    local name=$1 status=0
-    shift
-    stamp "\$ ${*/#$CLI/sm120-stacks}"
-    (cd "$WORK" && "$@") >"$OUT/$name.txt" 2>&1 || status=$?
-    cat "$OUT/$name.txt"
-    stamp "exit $status ($name)"
-    return "$status"
-}
-must() { run "$@" || { stamp "FAILED: $1"; exit 1; }; }
-may() { run "$@" || true; }  # a step whose failure is what is measured
+# stamp, run, must, may: bench/workspace.sh (sourced below, before the first step)
 
 started=0
 cleanup() {
@@ -51,8 +40,8 @@ cleanup() {
 trap cleanup EXIT
 : >"$OUT/timeline.txt"
 
-stamp "workspace $WORK"
 . bench/workspace.sh
+stamp "workspace $WORK"
 bench_workspace "$WORK" ci-mini-v2 $'extends: ci-mini\nenv:\n  OMP_NUM_THREADS: "1"\n'
 mkdir -p "$WORK/models"
 SUB=(--substitute-base "$BASE=$PUSHED_BASE")

@@ -34,20 +34,8 @@ PY=$PWD/.venv/bin/python
 mkdir -p "$OUT"
 SECONDS=0
 
-stamp() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$OUT/timeline.txt"; }
-run() {  # run NAME CMD...: output to $OUT/NAME.txt and the terminal; returns its status
-    local name=$1 status=0
-    shift
-    stamp "\$ ${*/#$CLI/sm120-stacks}"
-    (cd "$WORK" && "$@") >"$OUT/$name.txt" 2>&1 || status=$?
-    cat "$OUT/$name.txt"
-    stamp "exit $status ($name)"
-    return "$status"
-}
-must() { run "$@" || { stamp "FAILED: $1"; exit 1; }; }
-expect() {  # expect NAME TEXT: the step's output says TEXT, or the bench fails
-    grep -qF -- "$2" "$OUT/$1.txt" || { stamp "FAILED: $1 does not say '$2'"; exit 1; }
-}
+# stamp, run, must, may, expect
+. bench/workspace.sh
 
 started=0
 cleanup() {

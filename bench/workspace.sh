@@ -11,3 +11,23 @@ bench_workspace() {
   ln -sfn "$PWD/build/wheels" "$work/build/wheels"
   ln -sfn "$PWD/patches" "$work/patches"
 }
+
+# Steps of a bench, each logged with its time into $OUT/timeline.txt (SECONDS since the start)
+# and its output into $OUT/NAME.txt, run in $WORK: the raw output every figure names.
+#   run NAME CMD...   its status returned     must NAME CMD...  the bench stops when it fails
+#   may NAME CMD...   a failure is measured   expect NAME TEXT  the step's output says TEXT
+stamp() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$OUT/timeline.txt"; }
+run() {
+    local name=$1 status=0
+    shift
+    stamp "\$ ${*/#$CLI/sm120-stacks}"
+    (cd "$WORK" && "$@") >"$OUT/$name.txt" 2>&1 || status=$?
+    cat "$OUT/$name.txt"
+    stamp "exit $status ($name)"
+    return "$status"
+}
+must() { run "$@" || { stamp "FAILED: $1"; exit 1; }; }
+may() { run "$@" || true; }
+expect() {
+    grep -qF -- "$2" "$OUT/$1.txt" || { stamp "FAILED: $1 does not say '$2'"; exit 1; }
+}

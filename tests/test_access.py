@@ -4,7 +4,6 @@ for an engine without a key option (templates/tools/auth_proxy.py) run for real.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -21,16 +20,11 @@ from builder.hosts.pins import load_pin
 from builder.image.hostprobe import HostFacts
 from builder.verify.chat import stream_chat
 from tests.support.health import wait_healthy
+from tests.support.net import free_port
 from tests.test_hosts import STACK, _tested_and_pushed
 
 KEY = "sk-test-" + "5" * 24
 PROXY = REPO_ROOT / "templates" / "tools" / "auth_proxy.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _pinned(run_cli: Callable[..., Result], stacks_dir: Path, *args: str) -> Result:
@@ -106,7 +100,7 @@ def test_models_are_mounted_read_only_by_default(
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """The key gate in front of a stand-in chat server, as the in-image tool runs it."""
-    listen, upstream = _free_port(), _free_port()
+    listen, upstream = free_port(), free_port()
     key_file = tmp_path / "gate.key"
     key_file.write_text(KEY)
     command = [sys.executable, str(PROXY), "--listen", str(listen), "--upstream", str(upstream)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from builder.cli import lock as cli_lock
+from builder.cli.app import Settings
 from builder.errors import RegistryUnreachable
 from builder.lock.lockfile import LockedBases, floating_bases, read_lock, write_lock
 from builder.spec.resolve import resolve, stack_names
@@ -85,7 +85,7 @@ def test_refresh_bases_updates_only_where_the_registry_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     before = read_lock(stacks_dir / f"{STACK}.lock")
-    monkeypatch.setattr(cli_lock, "_engine", lambda settings: (_Registry(answer), None))
+    monkeypatch.setattr(Settings, "connect_or_why", lambda self: (_Registry(answer), None))
     result = run_cli("lock", STACK, "--refresh-bases", stacks_dir=stacks_dir)
     assert result.exit_code == 0, result.output
     assert said in result.output

@@ -14,6 +14,7 @@ import pytest
 from click.testing import Result
 
 from builder.cli import lock as cli_lock
+from builder.cli.app import Settings
 from builder.errors import StackError
 from builder.lock.lockfile import LockedBase, resolve_base
 from tests.test_hosts import STACK, _lock_for
@@ -118,7 +119,7 @@ def test_lock_writes_nothing_when_the_registry_refuses(
     lock = stacks_dir / f"{STACK}.lock"
     before = lock.read_bytes()
     engine = _Engine(_error(401, "unauthorized: authentication required"))
-    monkeypatch.setattr(cli_lock, "_engine", lambda settings: (engine, None))
+    monkeypatch.setattr(Settings, "connect_or_why", lambda self: (engine, None))
     result = run_cli("lock", STACK, stacks_dir=stacks_dir)
     assert result.exit_code == 2, result.output
     assert IMAGE in result.output and "Traceback" not in result.output
@@ -135,7 +136,7 @@ def test_lock_says_loudly_when_a_base_stays_unpinned(
     unpinned = LockedBase(image=IMAGE, note="NOT PINNED: registry not reachable (dial tcp)")
     made = made.model_copy(update={"bases": made.bases.model_copy(update={"runtime": unpinned})})
     monkeypatch.setattr(cli_lock, "make_lock", lambda *args: made)
-    monkeypatch.setattr(cli_lock, "_engine", lambda settings: (None, None))
+    monkeypatch.setattr(Settings, "connect_or_why", lambda self: (None, None))
     result = run_cli("lock", STACK, stacks_dir=stacks_dir)
     assert result.exit_code == 0, result.output
     assert f"warning: runtime base {IMAGE} is NOT pinned by digest" in result.output

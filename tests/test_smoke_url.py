@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from builder.verify.smoke import (
     server_log_path,
 )
 from tests.conftest import STACKS
+from tests.support.net import free_port
 from tests.support.tinymodel import make_tiny_model
 
 QA = [("What is the capital of Kentucky?", "The capital of Kentucky is Frankfort.")]
@@ -44,19 +44,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Path]]:
     """(base URL, log file, model dir) of a `transformers serve` process on the tiny model."""
     work = tmp_path_factory.mktemp("url-server")
     model = make_tiny_model(work / "tiny", QA)
     log = work / "server.log"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with log.open("w") as sink:
         process = subprocess.Popen(
@@ -166,7 +160,7 @@ def test_a_server_that_does_not_answer_fails_the_smoke(tmp_path: Path) -> None:
     smoke = stack.manifest.smoke.model_copy(update={"health_timeout_s": 2})
     stack = dataclasses.replace(stack, manifest=stack.manifest.model_copy(update={"smoke": smoke}))
     report = run_smoke_url(
-        f"http://127.0.0.1:{_free_port()}",
+        f"http://127.0.0.1:{free_port()}",
         stack,
         report_path=tmp_path / "smoke.json",
         log=lambda _: None,

@@ -20,7 +20,7 @@ import click
 from rich.console import Console
 
 from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR, console_width
-from builder.errors import EXIT_BAD_INPUT, EngineError, OperationFailed, StackError
+from builder.errors import EXIT_BAD_INPUT, EngineError, OperationFailed, StackError, ToolMissing
 from builder.image import address
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
 from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
@@ -124,6 +124,14 @@ class Settings:
         from builder.image.docker_engine import connect_engine  # the SDK only where needed
 
         return connect_engine(self.engine_address())
+
+    def connect_or_why(self) -> tuple[Engine | None, str | None]:
+        """The engine, or None and why: for commands that still do their work without one
+        (`lock` without the base images' digests, `doctor` reporting the engine missing)."""
+        try:
+            return self.connect(), None
+        except ToolMissing as exc:
+            return None, exc.message
 
     def resolve(self, name: str) -> ResolvedStack:
         return resolve(name, self.stacks_dir, self.substitutions)

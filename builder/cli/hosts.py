@@ -23,14 +23,13 @@ from builder.cli.app import (
     user_errors,
 )
 from builder.cli.fleet import all_pins, deploy_pins, verify_pins
-from builder.errors import StackError, ToolMissing
+from builder.errors import StackError
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
 from builder.hosts.warmth import WarmPolicy
 from builder.image import address
 from builder.image.address import check_address
-from builder.image.engine import Engine
 from builder.image.hostprobe import Probe, gather, probe_for
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
@@ -52,13 +51,6 @@ hosts_dir_option = click.option(
 
 def _hosts_dir(settings: Settings, value: Path | None) -> Path:
     return value if value is not None else settings.hosts_dir
-
-
-def _engine(settings: Settings) -> tuple[Engine | None, str | None]:
-    try:
-        return settings.connect(), None
-    except ToolMissing as exc:
-        return None, exc.message
 
 
 @cli.command()
@@ -448,7 +440,7 @@ def doctor(
     default = settings.engine_address()
     probe = _probe(pinned, default)
     if pinned is None:
-        engine, why = _engine(settings)
+        engine, why = settings.connect_or_why()
     else:
         engine, why = remote.try_connect(pinned, default)
     facts = gather(engine, why, probe)

@@ -11,8 +11,7 @@ from pathlib import Path
 import click
 
 from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
-from builder.errors import StackError, ToolMissing
-from builder.image.engine import Engine
+from builder.errors import StackError
 from builder.lock.lockfile import (
     UNPINNED,
     current_lock,
@@ -22,14 +21,6 @@ from builder.lock.lockfile import (
     write_lock,
 )
 from builder.lock.lockfile import refresh_bases as refresh_base_digests
-
-
-def _engine(settings: Settings) -> tuple[Engine | None, str | None]:
-    """The command's engine, or None and why: a lock is still made without one."""
-    try:
-        return settings.connect(), None
-    except ToolMissing as exc:
-        return None, exc.message
 
 
 @cli.command()
@@ -61,7 +52,7 @@ def lock(settings: Settings, stack: str, versions_from: Path | None, refresh_bas
                 key="--refresh-bases",
                 hint=f"make one first: sm120-stacks lock {stack}",
             )
-        engine, why = _engine(settings)
+        engine, why = settings.connect_or_why()
         refreshed, said = refresh_base_digests(resolved, existing, engine)
         write_lock(lock_path(resolved), refreshed)
         for line in said:
@@ -70,7 +61,7 @@ def lock(settings: Settings, stack: str, versions_from: Path | None, refresh_bas
             click.echo(f"  (no engine: {why})")
         return
     prefer = read_lock(versions_from) if versions_from is not None else None
-    engine, why = _engine(settings)
+    engine, why = settings.connect_or_why()
     made = make_lock(resolved, engine, prefer)
     path = lock_path(resolved)
     write_lock(path, made)

@@ -7,7 +7,6 @@ read-only inside the container."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,16 +19,11 @@ from builder.image.registry import Registry
 from builder.verify.chat import stream_chat
 from tests.engine.conftest import unique
 from tests.support.health import wait_healthy
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.engine
 HOST = unique("access-e2e")
 KEY = "sk-access-" + "7" * 24
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_a_keyed_pin_answers_only_the_key_and_reads_models_read_only(
@@ -63,7 +57,7 @@ def test_a_keyed_pin_answers_only_the_key_and_reads_models_read_only(
     key_file = tmp_path / "host.key"
     key_file.write_text(KEY + "\n")
     key_file.chmod(0o644)  # read by the container's user
-    port = _free_port()
+    port = free_port()
     hosts = tmp_path / "hosts"
     cli_process(
         *("pin", HOST, name, "--gpus", "none", "--registry", registry.host),

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tarfile
 import threading
@@ -38,6 +37,7 @@ from builder.image.names import HASH_CHARS, REPOSITORY, content_tag, local_ref, 
 from builder.render.context import render
 from builder.spec.resolve import resolve
 from tests.engine.conftest import unique
+from tests.support.net import free_port
 from tests.test_faults import tool as start_tool
 
 pytestmark = pytest.mark.engine
@@ -47,12 +47,6 @@ BLOB_MB = 96
 #: dockerd retries a failed layer upload 4 times, 5 + 10 + 15 + 20 s apart: about 50 s before
 #: a push that lost its registry fails. The tool must not multiply that (it once did: x5).
 ENGINE_RETRIES_S = 50
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -10,7 +10,6 @@ the full proof with separate engines reached over ssh is `make bench-fleet`.
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ import pytest
 from builder.hosts.pins import LABEL_HOST, PIN_SCHEMA, Pin, write_pin
 from builder.image.registry import Registry
 from tests.engine.conftest import pushed_local_base
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.engine
 
@@ -38,12 +38,6 @@ SERVER = (
 CRASH = "import sys; sys.exit(3)"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def served_image(api: Any, engine: Any, registry: Registry) -> Iterator[str]:
     """The local base image in the registry, by digest (what a pin names)."""
@@ -55,7 +49,7 @@ def served_image(api: Any, engine: Any, registry: Registry) -> Iterator[str]:
 def fleet(
     workspace: Path, served_image: str, api: Any
 ) -> Iterator[Callable[[str, str, list[str], str | None], Pin]]:
-    ports = {host: _free_port() for host in HOSTS}
+    ports = {host: free_port() for host in HOSTS}
     hosts_dir = workspace / "hosts"
 
     def pin(host: str, version: str, command: list[str], engine: str | None) -> Pin:

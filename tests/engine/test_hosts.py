@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -37,6 +36,7 @@ from builder.image.registry import Registry
 from builder.render.context import render
 from builder.spec.resolve import resolve
 from tests.engine.conftest import RUN, unique
+from tests.support.net import free_port
 from tests.support.served import served
 
 pytestmark = pytest.mark.engine
@@ -93,12 +93,6 @@ serve:
 smoke:
   health_timeout_s: 120
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _push(api: Any, repository: str, tag: str) -> None:
@@ -173,7 +167,7 @@ def deployed(
         network_mode="none",
         volumes={str(models): {"bind": "/out", "mode": "rw"}},
     )
-    port = _free_port()
+    port = free_port()
     cli_process(
         *("pin", HOST, STACK, "--gpus", "none", "--registry", registry.host),
         *("--port", f"127.0.0.1:{port}:8000", "--volume", f"{models}:/models:ro"),

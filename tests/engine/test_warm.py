@@ -15,7 +15,6 @@ import contextlib
 import multiprocessing
 import os
 import signal
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from builder.warm.host import host_key, restore
 from builder.warm.volume import VolumeAccess, open_volume
 from tests.engine.conftest import RUN, pushed_local_base, unique
 from tests.support.health import wait_healthy
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.engine
 
@@ -52,12 +52,6 @@ SERVER = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def served_image(api: Any, engine: Any, registry: Registry) -> Iterator[str]:
     """The local base image in the registry, by digest (what a pin names)."""
@@ -70,7 +64,7 @@ def hosts(workspace: Path, served_image: str, api: Any) -> Iterator[Callable[...
     made: list[Pin] = []
 
     def pin(name: str, env: dict[str, str] | None = None) -> tuple[Pin, int]:
-        port = _free_port()
+        port = free_port()
         host = unique(name)
         pinned = Pin.model_validate(
             {
