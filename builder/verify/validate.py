@@ -163,9 +163,12 @@ def add_smoke(report: TestReport, outcome: dict[str, Any] | str) -> None:
 
 
 def run_capture(engine: Engine, image_ref: str, command: list[str]) -> str:
-    container = engine.run(
-        ContainerSpec(image=image_ref, command=tuple(command), network_mode="none")
+    # Owned, so that one left behind by a killed run (a push SIGKILLed while it lists the
+    # image's contents for the SBOM) is removed by the next smoke or check (verify/owner.py).
+    spec = ContainerSpec(
+        image=image_ref, command=tuple(command), network_mode="none", labels={OWNER_LABEL: owner()}
     )
+    container = engine.run(spec)
     try:
         container.wait(timeout=600)
         return container.logs(stdout=True, stderr=False).decode()
