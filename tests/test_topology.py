@@ -22,6 +22,7 @@ import yaml
 from click.testing import Result
 
 from builder.cli import hosts as cli_hosts
+from builder.cli.app import Settings
 from builder.errors import StackError
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding
@@ -559,7 +560,7 @@ def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
     PATH of their own (plus cat, ls, sh); doctor's probe reads the sample's cmdline and a sysfs
     tree of its IOMMU groups. Returns the log of every fake command run."""
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
-    monkeypatch.setattr(cli_hosts, "_engine", lambda settings: (_Engine(), None))
+    monkeypatch.setattr(Settings, "connect_or_why", lambda self: (_Engine(), None))
     monkeypatch.setattr(remote, "try_connect", lambda pin, default=None: (_Engine(), None))
 
     def make(sample: str, without: Sequence[str] = ()) -> Path:
