@@ -159,3 +159,11 @@ def test_the_proof_counts_new_files_by_kind_and_rewritten_ones() -> None:
     assert touched.rewritten == 1 and not touched.zero
     unknown = compare(cache_volume(), None, now, None)
     assert not unknown.zero and unknown.summary().startswith("unknown: no listing")
+
+
+def test_require_warm_and_cold_are_refused_together() -> None:
+    from builder.hosts.warmth import WarmPolicy
+
+    with pytest.raises(StackError, match="ask for opposite things") as refused:
+        WarmPolicy(require=True, cold=True)
+    assert refused.value.key == "--cold"

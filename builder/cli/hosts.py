@@ -341,8 +341,6 @@ def deploy(
         for pinned in pins:
             click.echo(write_k8s(pinned, out_of(pinned), gpu_product))
         return
-    if require_warm and cold:
-        raise StackError("--require-warm and --cold ask for opposite things", key="--cold")
     warm = WarmPolicy(require=require_warm, cold=cold, default_engine=settings.engine_address())
     deploy_pins(
         settings, folder, pins, out_of, apply_now, not no_smoke, gate_timeout, as_json, warm

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
 from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
-from builder.cli.hosts import _hosts_dir, hosts_dir_option
 from builder.hosts import remote
-from builder.hosts.pins import load_pin
-from builder.hosts.warmth import candidates, capture_pin, proof_of, require_target
+from builder.hosts.pins import Pin, load_pin
+from builder.hosts.warmth import candidates, capture_pin, require_target
+from builder.image.engine import Engine
+from builder.warm.host import prove as prove_start
 
 EXIT_COMPILED = 1
 
@@ -27,20 +27,24 @@ def cache_group() -> None:
     per GPU kind, restored by every `deploy --apply` whose key matches, proved at every start."""
 
 
+def _pinned(settings: Settings, host: str) -> tuple[Pin, Engine]:
+    """HOST's pin (from the global --hosts-dir) and its engine."""
+    pin = load_pin(settings.hosts_dir, host)
+    return pin, remote.connect(pin, settings.engine_address())
+
+
 @cache_group.command("capture")
 @click.argument("host")
 @engine_option
-@hosts_dir_option
 @pass_settings
 @user_errors
-def capture(settings: Settings, host: str, hosts_dir: Path | None) -> None:
+def capture(settings: Settings, host: str) -> None:
     """Push what HOST's server wrote into its cache volume as one artifact beside its pinned
     image, keyed by the image, GPU, driver, model, serve command and mount path.
 
     Run it after a served smoke (`smoke STACK --url URL`), once warm-up has finished.
     """
-    pin = load_pin(_hosts_dir(settings, hosts_dir), host)
-    engine = remote.connect(pin, settings.engine_address())
+    pin, engine = _pinned(settings, host)
     click.echo(capture_pin(pin, engine, settings.engine_address()))
 
 
@@ -48,15 +52,13 @@ def capture(settings: Settings, host: str, hosts_dir: Path | None) -> None:
 @click.argument("host")
 @click.option("--json", "as_json", is_flag=True, help="Print them as JSON.")
 @engine_option
-@hosts_dir_option
 @pass_settings
 @user_errors
-def list_caches(settings: Settings, host: str, as_json: bool, hosts_dir: Path | None) -> None:
+def list_caches(settings: Settings, host: str, as_json: bool) -> None:
     """The warm-cache artifacts of HOST's pinned image, and how each key differs from the
     host's own (the one `deploy --apply` would restore is marked `match`)."""
-    pin = load_pin(_hosts_dir(settings, hosts_dir), host)
-    default = settings.engine_address()
-    key, found = candidates(pin, remote.connect(pin, default), default)
+    pin, engine = _pinned(settings, host)
+    key, found = candidates(pin, engine, settings.engine_address())
     if as_json:
         rows = [
             {
@@ -85,16 +87,13 @@ def list_caches(settings: Settings, host: str, as_json: bool, hosts_dir: Path | 
 @click.argument("host")
 @click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
 @engine_option
-@hosts_dir_option
 @pass_settings
 @user_errors
-def prove(settings: Settings, host: str, as_json: bool, hosts_dir: Path | None) -> None:
+def prove(settings: Settings, host: str, as_json: bool) -> None:
     """What HOST's server compiled since its last start: files in its cache volume that were
     not there when it started, by kind. Exit status 1 when it compiled anything."""
-    pin = load_pin(_hosts_dir(settings, hosts_dir), host)
-    require_target(pin)
-    proof = proof_of(pin, remote.connect(pin, settings.engine_address()))
-    assert proof is not None
+    pin, engine = _pinned(settings, host)
+    proof = prove_start(engine, require_target(pin))
     if as_json:
         click.echo(json.dumps(proof.to_json(), indent=2))
     else:

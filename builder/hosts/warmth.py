@@ -82,16 +82,19 @@ class WarmPolicy:
     cold: bool = False
     default_engine: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.require and self.cold:
+            raise StackError("--require-warm and --cold ask for opposite things", key="--cold")
+
 
 def restorer(policy: WarmPolicy) -> Callable[[Pin, Engine], str | None]:
     """The step deploy runs between removing the old container and starting the new one."""
 
     def before_start(pin: Pin, engine: Engine) -> str | None:
-        target = target_of(pin)
-        if target is None or policy.cold:
-            if policy.require:
-                require_target(pin)
-                raise StackError("--require-warm and --cold ask for opposite things")
+        if policy.cold:
+            return None
+        target = require_target(pin) if policy.require else target_of(pin)
+        if target is None:
             return None
         try:
             facts = host_facts(pin, engine, policy.default_engine)

@@ -34,7 +34,7 @@ from builder.warm.key import (
     parallel_shape,
     serve_identity,
 )
-from builder.warm.volume import HELPER_LABEL, Listing, VolumeAccess, open_volume
+from builder.warm.volume import HELPER_LABEL, FileEntry, Listing, VolumeAccess, open_volume
 
 BASE = "base.json"
 RESTORED = "restored.json"
@@ -331,8 +331,6 @@ def _write_base(access: VolumeAccess) -> None:
 
 
 def _listing_of(state: dict[str, Any] | None) -> Listing | None:
-    from builder.warm.volume import FileEntry
-
     if state is None:
         return None
     return {path: FileEntry(*values) for path, values in (state.get("files") or {}).items()}
