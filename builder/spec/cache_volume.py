@@ -79,15 +79,6 @@ class CacheVolume(Strict):
             for pattern in self.never_capture
         )
 
-    def kinds(self) -> dict[str, str]:
-        """Every kind with its title (for reports and docs)."""
-        found: dict[str, str] = {}
-        for folder in self.folders:
-            found.setdefault(folder.kind, folder.title)
-            for within in folder.within:
-                found.setdefault(within.kind, within.title)
-        return found
-
 
 @cache
 def cache_volume() -> CacheVolume:

@@ -25,7 +25,6 @@ from builder.spec.manifest import Prose, SafeText
 from builder.spec.strict import Strict
 from builder.spec.vllm_argv import last_value
 
-KEY_SCHEMA = 1
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 

@@ -177,11 +177,6 @@ class VolumeAccess:
         self.sh(f"rm -f {ROOT}/{STATE}/restored.json", "clearing the restore marker")
 
 
-def cache_volume_of(volumes: list[tuple[str, str, bool]], layout: CacheVolume) -> str | None:
-    """The source of the mount at the layout's path, of (source, target, read_only) mounts."""
-    return next((s for s, t, _ in volumes if t == layout.mount), None)
-
-
 @contextmanager
 def open_volume(
     engine: Engine,
