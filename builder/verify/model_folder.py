@@ -106,17 +106,18 @@ def require(stack: ResolvedStack, mounts: dict[str, str], models: Path) -> Path:
     if found is not None:
         return found
     file, line = _model_line(stack)
+
+    def refused(message: str, hint: str) -> StackError:
+        return StackError(message, file=file, key=".".join(MODEL_KEY), line=line, hint=hint)
+
     where = _expected_host(place, models)
     if place.from_hub:
         home = stack.manifest.env.get("HF_HOME")
         if home is None:
-            raise StackError(
+            raise refused(
                 f"the model {place.model_id} would be downloaded inside the container at every "
                 "start: the stack's env sets no HF_HOME to mount a downloaded copy at",
-                file=file,
-                key=".".join(MODEL_KEY),
-                line=line,
-                hint=f"set env.HF_HOME under {MODELS_TARGET} (as vllm-0.33-marlin does) and "
+                f"set env.HF_HOME under {MODELS_TARGET} (as vllm-0.33-marlin does) and "
                 "download the model there",
             )
         hub_home = where.parent.parent if where is not None else None
@@ -125,24 +126,18 @@ def require(stack: ResolvedStack, mounts: dict[str, str], models: Path) -> Path:
             if hub_home is not None
             else f"HF_HOME=HOST_FOLDER hf download {shlex.quote(place.model_id)}"
         )
-        raise StackError(
+        raise refused(
             f"the model {place.model_id} is not on this host: no snapshot with a config.json "
             f"under {where or _no_mount(place)}; the server would download it inside the "
             "container while the smoke waits for its health",
-            file=file,
-            key=".".join(MODEL_KEY),
-            line=line,
-            hint=f"download it once: {command} (`pip install -U huggingface_hub` gives `hf`), "
+            f"download it once: {command} (`pip install -U huggingface_hub` gives `hf`), "
             f"or name the folder that holds it: make stack STACK={stack.name} MODELS=DIR "
             "(test --models DIR)",
         )
-    raise StackError(
+    raise refused(
         f"the model folder {place.model_id} is not on this host: {where or _no_mount(place)} "
         "does not exist",
-        file=file,
-        key=".".join(MODEL_KEY),
-        line=line,
-        hint=f"put the model there, or mount the folder that holds it: --volume "
+        f"put the model there, or mount the folder that holds it: --volume "
         f"HOST:{place.model_id}:ro (make stack STACK={stack.name} MODELS=DIR for {MODELS_TARGET})",
     )
 
