@@ -142,6 +142,7 @@ def restore(folder: Path, volume: Path) -> int:
     state = volume / ".sm120-stacks"
     state.mkdir()
     (state / "restored.json").write_text(json.dumps({"artifact": "h200:" + str(folder)}))
+    restored = listing(volume)
     line = {
         "step": "restore",
         "artifact": str(folder),
@@ -149,9 +150,7 @@ def restore(folder: Path, volume: Path) -> int:
         "files": len(files),
         "check_s": round(checked, 2),
         "seconds": round(time.monotonic() - began, 2),
-        "mtimes_kept": all(
-            listing(volume)[f.path].mtime == f.mtime for f in files if f.path in listing(volume)
-        ),
+        "mtimes_kept": all(f.path in restored and restored[f.path].mtime == f.mtime for f in files),
     }
     _record(line)
     return 0
