@@ -9,7 +9,7 @@ pinned host's cache volume (knowledge/cache_volume.yaml, through h200_serve.py -
 
 The artifact is made and checked by the tool's own code (builder/warm/archive.py repack and
 check, builder/warm/key.py with the host's GPU and driver from nvidia-smi through
-builder/image/hostprobe.py); there is no registry or engine on that machine, so the artifact
+builder/engine/hostprobe.py); there is no registry or engine on that machine, so the artifact
 stays a folder there (the registry and engine path is tests/engine/test_warm.py's). Each
 `start` appends a line to $H200_ROOT/results/warm.jsonl: ready time, what the start wrote into
 live/ by kind (builder/warm/host.py compare, the proof `deploy` runs), FlashInfer modules built,
@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from builder.image.hostprobe import gather
+from builder.engine.hostprobe import gather
 from builder.spec.cache_volume import cache_volume
 from builder.warm import archive
 from builder.warm.host import compare

@@ -161,7 +161,7 @@ restore_checked() {
   "${PY[@]}" - "$ART" <<'PY' || return 2
 import json, sys
 from builder.errors import StackError
-from builder.image.hostprobe import gather
+from builder.engine.hostprobe import gather
 from builder.warm import ranks
 key = json.load(open(f"{sys.argv[1]}/key.json"))
 gpus = len(gather(None, None).gpus)

@@ -2,8 +2,10 @@
 
 One subpackage per pipeline step, data flowing one way:
 spec (manifest -> resolved stack) -> lock -> render (build context) -> image (build, records,
-registry) -> verify (test report) -> hosts (pin, deploy, drift); cli sits on top. The layering
-is an import contract checked by `make lint` (.importlinter).
+registry) -> verify (test report) -> evidence (documents in the registry) -> warm (warm-cache
+artifacts) -> hosts (pin, deploy, drift) | report (HTML); upstream proposes new stacks; cli
+sits on top. engine/ (the container engine), errors.py and files.py are the ground floor
+beneath every step. The layering is an import contract checked by `make lint` (.importlinter).
 """
 
 from pathlib import Path

@@ -70,8 +70,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     engine_items = [item for item in items if item.get_closest_marker("engine")]
     if not engine_items:
         return
-    from builder.image.address import from_environment
-    from builder.image.docker_engine import engine_reachable
+    from builder.engine.address import from_environment
+    from builder.engine.docker_adapter import engine_reachable
 
     if engine_reachable(from_environment()):
         return

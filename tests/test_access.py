@@ -14,10 +14,10 @@ import requests
 from click.testing import Result
 
 from builder import REPO_ROOT
+from builder.engine.hostprobe import HostFacts
 from builder.hosts import container, deploy, k8s
 from builder.hosts.drift import verify
 from builder.hosts.pins import load_pin
-from builder.image.hostprobe import HostFacts
 from builder.verify.chat import stream_chat
 from tests.support.health import wait_healthy
 from tests.support.net import free_port

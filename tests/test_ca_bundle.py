@@ -73,7 +73,7 @@ def _capture_build(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         raise StackError("stopped by the test")
 
     monkeypatch.setattr(cli_stacks, "build_stack", build_stack)
-    monkeypatch.setattr("builder.image.docker_engine.connect_engine", lambda address: object())
+    monkeypatch.setattr("builder.engine.docker_adapter.connect_engine", lambda address: object())
     monkeypatch.setattr(cli_stacks, "detect_build_client", lambda: object())
     return seen
 
@@ -88,7 +88,7 @@ def _capture_test(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         raise StackError("stopped by the test")
 
     monkeypatch.setattr(cli_verify, "validate", validate)
-    monkeypatch.setattr("builder.image.docker_engine.connect_engine", lambda address: object())
+    monkeypatch.setattr("builder.engine.docker_adapter.connect_engine", lambda address: object())
     # No engine to ask for a GPU: the smoke is skipped, so no model folder is needed either.
     monkeypatch.setattr(cli_verify, "_smoke_skipped", lambda *args: "skipped by the test")
     return seen

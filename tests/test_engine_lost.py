@@ -51,8 +51,8 @@ def test_a_stream_cut_off_by_the_engine_is_the_engine_unreachable() -> None:
     (bench/results/faults/, before the fix): it is EngineUnreachable, which a push retries."""
     import urllib3
 
+    from builder.engine.docker_adapter import _engine_errors
     from builder.errors import EngineUnreachable
-    from builder.image.docker_engine import _engine_errors
 
     cut = pytest.raises(EngineUnreachable, match="dropped the connection mid-stream")
     with cut, _engine_errors():

@@ -12,6 +12,10 @@ from typing import Any
 
 import pytest
 
+from builder.engine.docker_adapter import DockerEngine, parse_progress_stream
+from builder.engine.hostprobe import Probe, gather
+from builder.engine.progress import StepTracker
+from builder.engine.protocol import ContainerSpec, Image, nvidia_runtimes
 from builder.errors import EngineError, EngineNotFound, EngineUnreachable, StackError, ToolMissing
 from builder.hosts.hostcheck import check
 from builder.image.basepull import (
@@ -22,11 +26,7 @@ from builder.image.basepull import (
 )
 from builder.image.build import BuildFailed, _run_build
 from builder.image.buildclient import BuildClient, detect_build_client
-from builder.image.docker_engine import DockerEngine, parse_progress_stream
-from builder.image.engine import ContainerSpec, Image, nvidia_runtimes
-from builder.image.hostprobe import Probe, gather
 from builder.image.names import content_tag
-from builder.image.progress import StepTracker
 from builder.image.registry import (
     Registry,
     RegistryError,
@@ -517,7 +517,7 @@ def test_a_build_that_cannot_pull_its_base_fails_with_the_remedies(tmp_path: Pat
 
 
 def test_a_specced_container_keeps_the_image_cmd_unless_told() -> None:
-    from builder.image.docker_engine import run_kwargs
+    from builder.engine.docker_adapter import run_kwargs
 
     kwargs = run_kwargs(ContainerSpec(image="x:1"))
     assert kwargs == {"image": "x:1", "detach": True, "environment": {}, "labels": {}}
@@ -536,14 +536,14 @@ def test_a_specced_container_keeps_the_image_cmd_unless_told() -> None:
     ],
 )
 def test_a_port_or_a_digest_is_not_taken_for_a_tag(ref: str, split: tuple[str, str | None]) -> None:
-    from builder.image.docker_engine import split_tag
+    from builder.engine.docker_adapter import split_tag
 
     assert split_tag(ref) == split
 
 
 def test_the_socket_path_names_a_missing_engine_without_the_sdk(tmp_path: Path) -> None:
+    from builder.engine.docker_adapter import connect_engine
     from builder.errors import ToolMissing
-    from builder.image.docker_engine import connect_engine
 
     with pytest.raises(ToolMissing, match="cannot reach a Docker engine"):
         connect_engine(f"unix://{tmp_path}/no.sock")

@@ -19,9 +19,9 @@ import pytest
 from click.testing import Result
 
 from builder import REPO_ROOT
+from builder.engine.docker_adapter import parse_progress_stream
 from builder.errors import EngineError, OperationFailed, StackError, ToolMissing
 from builder.image.build import stack_dir_lock
-from builder.image.docker_engine import parse_progress_stream
 from builder.image.records import Record, save_record
 from builder.image.registry import Registry, push
 from builder.render.context import render
@@ -242,7 +242,7 @@ class _RetriedEngine:
         self.pushes = 0
 
     def image(self, ref: str) -> object:
-        from builder.image.engine import Image
+        from builder.engine.protocol import Image
 
         return Image("sha256:" + "1" * 64, {})
 
@@ -285,7 +285,7 @@ class _NamesEngine:
         self.names = dict(names)
 
     def image(self, ref: str) -> object:
-        from builder.image.engine import Image
+        from builder.engine.protocol import Image
 
         held = self.names.get(ref)
         return None if held is None else Image(held, {})

@@ -13,6 +13,8 @@ import pytest
 import yaml
 from click.testing import Result
 
+from builder.engine import address
+from builder.engine.progress import StepTracker
 from builder.errors import StackError
 from builder.hosts import fleet, k8s, remote
 from builder.hosts.fleet import NOT_REACHED, OK, ROLLED_BACK, Fleet, GateResult, roll
@@ -25,11 +27,9 @@ from builder.hosts.pins import (
     previous_pin_path,
     write_pin,
 )
-from builder.image import address
 from builder.image.build import BuildOptions, build_argv
 from builder.image.buildcache import INLINE_CACHE_ARG, CacheSettings, cache_argv, registry_cache
 from builder.image.buildclient import BuildClient
-from builder.image.progress import StepTracker
 from builder.image.records import Record, load_record, save_record
 from builder.image.registry import Registry
 from builder.render.context import render
@@ -187,7 +187,7 @@ def test_engine_option_is_handed_to_the_engine_not_written_into_the_environment(
         seen.append((address, os.environ.get("DOCKER_HOST")))
         raise StackError("stop here")
 
-    monkeypatch.setattr("builder.image.docker_engine.connect_engine", fake_connect)
+    monkeypatch.setattr("builder.engine.docker_adapter.connect_engine", fake_connect)
     for command in (
         ["push", "ci-mini", "--registry", "r:5000"],
         ["test", "ci-mini"],
@@ -204,7 +204,7 @@ def test_engine_option_is_handed_to_the_engine_not_written_into_the_environment(
 def test_a_remote_engine_is_probed_there_not_here() -> None:
     """The GPU gate and doctor read the engine's host: over ssh for ssh://, never this
     machine's devices for an engine elsewhere."""
-    from builder.image.hostprobe import Probe, probe_for
+    from builder.engine.hostprobe import Probe, probe_for
 
     assert probe_for(None) == Probe() and probe_for("unix:///run/docker.sock") == Probe()
     remote = probe_for("ssh://root@10.0.0.9:2222")
@@ -214,7 +214,7 @@ def test_a_remote_engine_is_probed_there_not_here() -> None:
 
 
 def test_max_jobs_auto_sizes_for_the_engines_machine() -> None:
-    from builder.image.engine import EngineHost
+    from builder.engine.protocol import EngineHost
     from builder.image.jobs import auto_max_jobs
     from builder.spec.resolve import resolve
     from tests.conftest import STACKS

@@ -1,4 +1,4 @@
-"""One host probe (builder/image/hostprobe.py) answers every "is there a GPU here?": doctor's
+"""One host probe (builder/engine/hostprobe.py) answers every "is there a GPU here?": doctor's
 findings and the smoke's GPU gate read the same facts, so they cannot disagree."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from builder.engine.hostprobe import Probe, gather, gpu_missing_reason
 from builder.errors import ToolMissing
 from builder.hosts.hostcheck import check, requirements_for
-from builder.image.hostprobe import Probe, gather, gpu_missing_reason
 from builder.verify import smoke
 
 H200 = "0, NVIDIA H200, 580.159.04, 9.0\n"

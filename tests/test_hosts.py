@@ -18,6 +18,8 @@ import yaml
 from click.testing import Result
 
 from builder.cli import hosts as cli_hosts
+from builder.engine.docker_adapter import run_kwargs
+from builder.engine.hostprobe import Gpu, HostFacts, Probe, gather
 from builder.errors import StackError
 from builder.hosts.deploy import container_spec, docker_run_args, render_files, systemd_quote
 from builder.hosts.drift import (
@@ -30,8 +32,6 @@ from builder.hosts.drift import (
 )
 from builder.hosts.hostcheck import check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
-from builder.image.docker_engine import run_kwargs
-from builder.image.hostprobe import Gpu, HostFacts, Probe, gather
 from builder.image.records import Record, save_record
 from builder.lock.lockfile import (
     Lock,

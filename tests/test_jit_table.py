@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from click.testing import Result
 
+from builder.engine.protocol import Container, ContainerSpec
 from builder.errors import StackError
-from builder.image.engine import Container, ContainerSpec
 from builder.spec.knowledge import KNOWLEDGE_DIR
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.spec.runtime_caches import (

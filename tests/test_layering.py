@@ -12,7 +12,7 @@ PACKAGE = REPO_ROOT / "builder"
 #: Device nodes, CDI spec folders and the toolkit's hooks: the GPU probe's business alone.
 DEVICE_LOOKUP = re.compile(r"/dev/nvidia|/etc/cdi|/var/run/cdi|nvidia-container-runtime-hook")
 #: The PCIe topology readings (`doctor`'s tensor-parallel checks) are hostprobe's too.
-PROBES = {"image/hostprobe.py"}
+PROBES = {"engine/hostprobe.py"}
 DOCKER_IMPORT = re.compile(r"^\s*(import docker\b|from docker\b)", re.M)
 
 
@@ -23,14 +23,14 @@ def _sources() -> dict[str, str]:
 def test_only_the_probe_looks_at_devices() -> None:
     lookers = {name for name, text in _sources().items() if DEVICE_LOOKUP.search(text)}
     assert lookers <= PROBES, lookers - PROBES
-    assert "image/hostprobe.py" in lookers
+    assert "engine/hostprobe.py" in lookers
     smi = {name for name, text in _sources().items() if re.search(r"""["']nvidia-smi["']""", text)}
     assert smi <= PROBES, smi - PROBES
 
 
 def test_only_the_engine_adapter_imports_docker() -> None:
     importers = {name for name, text in _sources().items() if DOCKER_IMPORT.search(text)}
-    assert importers == {"image/docker_engine.py"}
+    assert importers == {"engine/docker_adapter.py"}
 
 
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
@@ -39,11 +39,20 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
 
 
 def test_the_docker_contract_covers_every_module_but_the_adapter() -> None:
-    """.importlinter forbids `docker` to each step and each module of image/ but the adapter:
-    a new module of image/ must be listed there too, or it could import the SDK unseen."""
+    """.importlinter forbids `docker` to each step and each module of image/ and engine/ but
+    the adapter:
+    a new module of either must be listed there too, or it could import the SDK unseen."""
     contract = (REPO_ROOT / ".importlinter").read_text().split("[importlinter:contract:docker]")[1]
     listed = set(re.findall(r"^\s+(builder\.[a-z_.]+)$", contract, re.M))
-    image = {f"builder.image.{p.stem}" for p in (PACKAGE / "image").glob("*.py")}
-    expected = image - {"builder.image.docker_engine", "builder.image.__init__"}
+    modules = {
+        f"builder.{step}.{p.stem}"
+        for step in ("image", "engine")
+        for p in (PACKAGE / step).glob("*.py")
+    }
+    expected = modules - {
+        "builder.engine.docker_adapter",
+        "builder.image.__init__",
+        "builder.engine.__init__",
+    }
     assert expected <= listed, expected - listed
-    assert "builder.image.docker_engine" not in listed
+    assert "builder.engine.docker_adapter" not in listed

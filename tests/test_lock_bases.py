@@ -67,8 +67,8 @@ class _Engine:
 
 def _error(status: int, explanation: str) -> Exception:
     """The error the docker adapter raises for dockerd's answer: classified by type once."""
+    from builder.engine.protocol import registry_failure
     from builder.errors import EngineError, EngineNotFound
-    from builder.image.engine import registry_failure
 
     kind = EngineNotFound if status == 404 else EngineError
     return registry_failure(kind(explanation, status_code=status))

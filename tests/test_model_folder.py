@@ -111,7 +111,7 @@ def test_a_skipped_gpu_smoke_needs_no_model(
 ) -> None:
     """Without a GPU here the flagship's smoke is skipped, so its 45 GB model is not asked for:
     the command goes on to the image (not built in this scratch build folder)."""
-    from builder.image.hostprobe import gather
+    from builder.engine.hostprobe import gather
 
     if gather(None, None).gpus:
         pytest.skip("this machine has a GPU: the smoke would run")

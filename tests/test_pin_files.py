@@ -11,12 +11,12 @@ import pytest
 import yaml
 from click.testing import Result
 
+from builder.engine.hostprobe import gather
+from builder.engine.protocol import ContainerSpec, Image
 from builder.errors import EngineError, StackError
 from builder.hosts import container, deploy
 from builder.hosts.hostcheck import check, requirements_for
 from builder.hosts.pins import PIN_SCHEMA, Pin, PinOptions, load_pin, make_pin, write_pin
-from builder.image.engine import ContainerSpec, Image
-from builder.image.hostprobe import gather
 from builder.image.records import load_record
 from builder.spec.resolve import resolve
 from tests.support.served import SERVED_GPU

@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from builder import REPO_ROOT
+from builder.engine import progress
+from builder.engine.docker_adapter import parse_progress_stream
+from builder.engine.progress import LayerProgress, Progress, StepTracker, Throttle
+from builder.engine.protocol import LayerEvent
 from builder.hosts.fleet import health_gate
-from builder.image import progress
-from builder.image.docker_engine import parse_progress_stream
-from builder.image.engine import LayerEvent
-from builder.image.progress import LayerProgress, Progress, StepTracker, Throttle
 from builder.spec.resolve import resolve
 from builder.verify import soak
 from builder.verify.smoke import LiveServer, run_smoke_url

@@ -11,11 +11,11 @@ from typing import Any, cast
 import pytest
 from click.testing import Result
 
+from builder.engine.protocol import Image
 from builder.errors import StackError
 from builder.image.build import BuildOptions, build_argv, stack_dir_lock
 from builder.image.buildclient import BuildClient
 from builder.image.distribute import push_stack
-from builder.image.engine import Image
 from builder.image.records import Record, load_record, save_record
 from builder.image.registry import Registry
 from builder.render.context import render

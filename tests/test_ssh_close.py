@@ -26,7 +26,7 @@ def _socket_of_an_exited_client() -> object:
 
 
 def test_closing_after_the_ssh_client_exited_is_quiet() -> None:
-    from builder.image.docker_engine import _close_ssh_quietly
+    from builder.engine.docker_adapter import _close_ssh_quietly
 
     _close_ssh_quietly()
     sock = _socket_of_an_exited_client()

@@ -23,6 +23,7 @@ from click.testing import Result
 
 from builder.cli import hosts as cli_hosts
 from builder.cli.app import Settings
+from builder.engine.hostprobe import Probe
 from builder.errors import StackError
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding
@@ -45,7 +46,6 @@ from builder.hosts.topology import (
     read_topology,
     serve_of,
 )
-from builder.image.hostprobe import Probe
 from builder.spec.knowledge import KNOWLEDGE_DIR
 from builder.spec.yamlsafe import load_yaml
 from tests.test_hosts import _pin

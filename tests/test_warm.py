@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from builder.engine.hostprobe import Gpu, HostFacts
 from builder.errors import StackError
-from builder.image.hostprobe import Gpu, HostFacts
 from builder.spec.cache_volume import cache_volume
 from builder.warm import archive
 from builder.warm.host import compare

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from builder.engine.hostprobe import Gpu, HostFacts
 from builder.errors import StackError
-from builder.image.hostprobe import Gpu, HostFacts
 from builder.spec.cache_volume import cache_volume
 from builder.warm import archive, host, ranks
 from builder.warm.artifact import files_document

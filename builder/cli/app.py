@@ -20,11 +20,11 @@ import click
 from rich.console import Console
 
 from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR, console_width
+from builder.engine import address
+from builder.engine.protocol import Engine
 from builder.errors import EXIT_BAD_INPUT, EngineError, OperationFailed, StackError, ToolMissing
-from builder.image import address
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
 from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
-from builder.image.engine import Engine
 from builder.image.registry import REGISTRY_ENV
 from builder.lock.lockfile import locked_versions
 from builder.render.context import RenderedContext, render
@@ -121,7 +121,7 @@ class Settings:
 
     def connect(self) -> Engine:
         """The command's engine, once it answered (ToolMissing, naming it, when it does not)."""
-        from builder.image.docker_engine import connect_engine  # the SDK only where needed
+        from builder.engine.docker_adapter import connect_engine  # the SDK only where needed
 
         return connect_engine(self.engine_address())
 
@@ -232,7 +232,7 @@ def _use_engine(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 #: The engine a command works on, stored in the command's Settings: the docker SDK and the
-#: build client it starts are both given it (builder.image.address).
+#: build client it starts are both given it (builder.engine.address).
 engine_option = click.option(
     "--engine",
     metavar="ADDRESS",

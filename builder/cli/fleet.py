@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from builder.cli.app import Settings, out
+from builder.engine.hostprobe import gather
 from builder.errors import EXIT_BAD_INPUT, StackError
 from builder.hosts import remote
 from builder.hosts.drift import Report
@@ -36,7 +37,6 @@ from builder.hosts.fleet import (
 )
 from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
 from builder.hosts.warmth import WarmPolicy, proof_of, restorer, warm_summary
-from builder.image.hostprobe import gather
 from builder.spec.resolve import ResolvedStack
 
 EXIT_FAILED = 1

@@ -23,14 +23,14 @@ from builder.cli.app import (
     user_errors,
 )
 from builder.cli.fleet import all_pins, deploy_pins, verify_pins
+from builder.engine import address
+from builder.engine.address import check_address
+from builder.engine.hostprobe import Probe, gather, probe_for
 from builder.errors import StackError
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
 from builder.hosts.warmth import WarmPolicy
-from builder.image import address
-from builder.image.address import check_address
-from builder.image.hostprobe import Probe, gather, probe_for
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
 from builder.spec.mounts import DEFAULT_MODELS, models_mount, parse_mount

@@ -19,6 +19,7 @@ from builder.cli.app import (
     require_pinned_bases,
     user_errors,
 )
+from builder.engine.progress import LayerProgress
 from builder.errors import StackError
 from builder.image import uptodate
 from builder.image.build import BuildOptions, build_stack
@@ -27,7 +28,6 @@ from builder.image.buildclient import detect_build_client, memo_path
 from builder.image.cabundle import resolve_ca_bundle
 from builder.image.distribute import pull_stack, push_stack, registry_has_current
 from builder.image.names import content_tag, moving_ref
-from builder.image.progress import LayerProgress
 from builder.image.registry import Registry
 
 #: How long a second build of a stack waits for the first: longer than the longest cold build

@@ -18,9 +18,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from builder.cli.app import Settings, ca_bundle_option, cli, out, pass_settings, user_errors
+from builder.engine.protocol import Engine
 from builder.errors import OperationFailed, StackError, ToolMissing
 from builder.image.cabundle import resolve_ca_bundle
-from builder.image.engine import Engine
 from builder.spec.resolve import stack_names
 from builder.upstream.diff import Change, StackDiff, diff_stacks
 from builder.upstream.index import IndexClient

@@ -21,10 +21,10 @@ from builder.cli.app import (
     registry_option,
     user_errors,
 )
+from builder.engine.progress import Say
+from builder.engine.protocol import Engine
 from builder.errors import StackError
 from builder.image.cabundle import resolve_ca_bundle
-from builder.image.engine import Engine
-from builder.image.progress import Say
 from builder.spec.checkpoint import check_checkpoint
 from builder.spec.mounts import SYNTAX, parse_mount
 from builder.spec.resolve import ResolvedStack
@@ -400,9 +400,9 @@ def _record_served(
     gpu_kind: str | None,
 ) -> None:
     """The smoke's served verdict, added to the evidence of the stack's current image."""
+    from builder.engine.hostprobe import gather
     from builder.evidence.attach import attach_served
     from builder.evidence.reader import read_evidence
-    from builder.image.hostprobe import gather
     from builder.image.records import load_record, save_record
     from builder.image.registry import Registry
     from builder.verify.served import served_verdict

@@ -12,10 +12,10 @@ import sys
 import click
 
 from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
+from builder.engine.protocol import Engine
 from builder.hosts import remote
 from builder.hosts.pins import Pin, load_pin
 from builder.hosts.warmth import candidates, capture_pin, require_target
-from builder.image.engine import Engine
 from builder.warm.host import prove as prove_start
 
 EXIT_COMPILED = 1

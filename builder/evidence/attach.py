@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from builder.engine.protocol import Engine
 from builder.errors import EngineError
 from builder.evidence import documents
 from builder.evidence.documents import (
@@ -24,7 +25,6 @@ from builder.evidence.documents import (
     SbomInputs,
 )
 from builder.evidence.oci import ArtifactStore, Descriptor
-from builder.image.engine import Engine
 from builder.image.names import local_ref
 from builder.image.records import Record, ServedVerdict
 from builder.image.registry import Registry

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from builder.engine.protocol import ContainerSpec, HealthCheck, Mount, PortBinding
 from builder.hosts.pins import Pin, labels, port_parts
-from builder.image.engine import ContainerSpec, HealthCheck, Mount, PortBinding
 
 SECRET_TARGET = "/run/secrets/sm120-stacks-api-key"
 #: The in-image key gate for an engine without one (templates/tools/, copied into every image).

@@ -16,13 +16,13 @@ from typing import Any
 
 import jinja2
 
+from builder.engine.hostprobe import RUNTIME_FIX
+from builder.engine.protocol import ContainerSpec, Engine, PortBinding
 from builder.errors import EngineError, StackError, ToolMissing
 from builder.files import write_atomic
 from builder.hosts.container import SECRET_TARGET, describe, volumes
 from builder.hosts.drift import config_drifts, state_drifts
 from builder.hosts.pins import Pin
-from builder.image.engine import ContainerSpec, Engine, PortBinding
-from builder.image.hostprobe import RUNTIME_FIX
 from builder.render.context import TEMPLATES_DIR
 
 SERVICE = "llm"

@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from builder.engine.hostprobe import HostFacts
+from builder.engine.protocol import Engine
 from builder.hosts.container import run_command, volumes
 from builder.hosts.hostcheck import Finding, check
 from builder.hosts.pins import LABEL_HOST, Pin, exposure_findings, port_parts
-from builder.image.engine import Engine
-from builder.image.hostprobe import HostFacts
 
 UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 ANONYMOUS_VOLUME = re.compile(r"^[0-9a-f]{64}$")

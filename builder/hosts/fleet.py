@@ -22,13 +22,13 @@ from pathlib import Path
 
 import requests
 
+from builder.engine.progress import Say, Throttle
+from builder.engine.protocol import Container, Engine
 from builder.errors import EngineError, OperationFailed, StackError, ToolMissing
 from builder.hosts.deploy import BeforeStart, apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
 from builder.hosts.superseded import remove_superseded
-from builder.image.engine import Container, Engine
-from builder.image.progress import Say, Throttle
 from builder.spec.resolve import ResolvedStack
 from builder.verify.smoke import run_smoke_url
 from builder.verify.smoke_report import Check

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from builder.image.hostprobe import RUNTIME_FIX, HostFacts
+from builder.engine.hostprobe import RUNTIME_FIX, HostFacts
 from builder.spec.archflags import capabilities
 
 DRIVER_FIX = "install the NVIDIA driver{need} (e.g. `apt-get install nvidia-driver`), then reboot"

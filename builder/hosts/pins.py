@@ -23,10 +23,10 @@ from pydantic import (
     field_validator,
 )
 
+from builder.engine.address import ADDRESS_PATTERN
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.hosts.hostcheck import Requirements, requirements_for
-from builder.image.address import ADDRESS_PATTERN
 from builder.image.names import local_ref
 from builder.image.records import CPU, Record, require_tested
 from builder.spec import imageref
@@ -137,7 +137,7 @@ class Pin(Strict):
     user: Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}(:[0-9]{1,10})?$")] | None = None
     health: Health
     needs: HostNeeds
-    #: The host's Docker engine (builder.image.address): ssh://USER@HOST for a remote host,
+    #: The host's Docker engine (builder.engine.address): ssh://USER@HOST for a remote host,
     #: reached with the user's ssh agent; absent: the engine of the machine deploy runs on.
     engine: EngineAddress | None = None
 

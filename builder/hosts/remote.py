@@ -9,12 +9,12 @@ hosts are reached with this machine's ssh client, so keys come from the user's a
 
 from __future__ import annotations
 
+from builder.engine import address
+from builder.engine.docker_adapter import connect_engine
+from builder.engine.hostprobe import Probe, probe_for
+from builder.engine.protocol import Engine
 from builder.errors import StackError, ToolMissing
 from builder.hosts.pins import Pin, port_parts
-from builder.image import address
-from builder.image.docker_engine import connect_engine
-from builder.image.engine import Engine
-from builder.image.hostprobe import Probe, probe_for
 
 #: Addresses a published port may be bound to that are not reachable from another machine.
 LOOPBACK = ("127.", "::1", "localhost")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from builder.engine.protocol import Engine, Image
 from builder.errors import EngineError
-from builder.image.engine import Engine, Image
 
 STACK_LABEL = "sm120-stacks.stack"
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from builder.engine.hostprobe import HostFacts, gather
+from builder.engine.protocol import Engine
 from builder.errors import OperationFailed, StackError, ToolMissing
 from builder.evidence.oci import ArtifactStore
 from builder.hosts import remote
 from builder.hosts.container import volumes
 from builder.hosts.pins import Pin
-from builder.image.engine import Engine
-from builder.image.hostprobe import HostFacts, gather
 from builder.spec.cache_volume import cache_volume
 from builder.warm import artifact
 from builder.warm.archive import CapturedFile

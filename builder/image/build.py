@@ -25,15 +25,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from builder.engine.address import client_env
+from builder.engine.progress import Progress
+from builder.engine.protocol import Engine, Image
 from builder.errors import OperationFailed, StackError
-from builder.image.address import client_env
 from builder.image.basepull import base_unavailable_error, unpullable_base
 from builder.image.buildcache import CacheSettings, cache_argv
 from builder.image.buildclient import BuildClient
-from builder.image.engine import Engine, Image
 from builder.image.jobs import auto_max_jobs
 from builder.image.names import content_tag, image_labels, local_ref, moving_ref
-from builder.image.progress import Progress
 from builder.image.records import load_record, save_record
 from builder.render.context import RenderedContext, write_context
 from builder.spec.resolve import ResolvedStack

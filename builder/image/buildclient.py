@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from builder.engine.protocol import INSTALL_HINT
 from builder.errors import ToolMissing
 from builder.files import write_atomic
-from builder.image.engine import INSTALL_HINT
 
 CLIENT_CANDIDATES = ("docker", "/usr/bin/docker", "/usr/local/bin/docker")
 #: The first client major version that ignores DOCKER_BUILDKIT=1 without buildx.

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.engine.protocol import Engine, OnLayer
 from builder.errors import StackError
 from builder.image.build import find_image
-from builder.image.engine import Engine, OnLayer
 from builder.image.names import local_ref, moving_ref
 from builder.image.records import load_record, require_tested, save_record
 from builder.image.registry import Registry, has_image, pull, push

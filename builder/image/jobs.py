@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from builder.image.engine import EngineHost
+from builder.engine.protocol import EngineHost
 from builder.spec.resolve import ResolvedStack, jit_modules_known
 
 #: Memory kept free for the engine, BuildKit and the rest of the machine.

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from builder.engine.protocol import Engine, Image, OnLayer
 from builder.errors import (
     EngineError,
     EngineNotFound,
@@ -25,7 +26,6 @@ from builder.errors import (
     StackError,
     ToolMissing,
 )
-from builder.image.engine import Engine, Image, OnLayer
 from builder.image.names import REPOSITORY, content_tag
 from builder.spec import imageref
 

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from builder import REPO_ROOT
+from builder.engine.socket_api import SocketApi
 from builder.errors import EngineError
 from builder.files import write_atomic
-from builder.image.engine_socket import SocketApi
 
 #: Folders of the repository whose files can change a content hash.
 INPUT_DIRS = ("knowledge", "templates", "patches", "builder")

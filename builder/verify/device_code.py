@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from builder.engine.protocol import ContainerSpec, Engine
 from builder.errors import EngineError
-from builder.image.engine import ContainerSpec, Engine
 from builder.render.context import VENV
 from builder.spec.device_code import device_code_knowledge, gpu_targets
 from builder.spec.resolve import ResolvedStack

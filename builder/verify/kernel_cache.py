@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.engine.protocol import Container, ContainerSpec, Engine
 from builder.errors import EngineError
-from builder.image.engine import Container, ContainerSpec, Engine
 from builder.render.context import VENV
 from builder.spec.resolve import ResolvedStack
 from builder.spec.runtime_caches import (

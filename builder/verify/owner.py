@@ -17,8 +17,8 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from builder.engine.protocol import Container, Engine
 from builder.errors import EngineError
-from builder.image.engine import Container, Engine
 
 #: Which run made a container: two users' (or two clones') runs on one engine tell theirs
 #: apart by it, and clean up only their own.

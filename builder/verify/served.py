@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from builder.image.hostprobe import HostFacts
+from builder.engine.hostprobe import HostFacts
 from builder.image.records import CPU, ServedVerdict
 from builder.spec.resolve import ResolvedStack
 from builder.spec.serve import serve_argv

@@ -33,12 +33,12 @@ from typing import Any
 
 import requests
 
+from builder.engine import hostprobe
+from builder.engine.hostprobe import Probe
+from builder.engine.progress import Say, Throttle
+from builder.engine.protocol import Container, ContainerSpec, Engine, Mount, PortBinding
 from builder.errors import EngineError, ToolMissing
 from builder.files import write_atomic
-from builder.image import hostprobe
-from builder.image.engine import Container, ContainerSpec, Engine, Mount, PortBinding
-from builder.image.hostprobe import Probe
-from builder.image.progress import Say, Throttle
 from builder.spec.resolve import ResolvedStack
 from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import CompileFindings, find_compiles, smoke_environment

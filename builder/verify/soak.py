@@ -37,8 +37,8 @@ from typing import Any
 
 import requests
 
+from builder.engine.progress import Say, Throttle
 from builder.files import write_atomic
-from builder.image.progress import Say, Throttle
 from builder.spec.resolve import ResolvedStack
 from builder.verify import soak_files
 from builder.verify.chat import stream_chat

@@ -21,11 +21,11 @@ from typing import Any
 
 import certifi
 
+from builder.engine.hostprobe import gather
+from builder.engine.protocol import ContainerSpec, Engine
 from builder.errors import OperationFailed, StackError
 from builder.files import write_atomic
 from builder.image.build import find_image
-from builder.image.engine import ContainerSpec, Engine
-from builder.image.hostprobe import gather
 from builder.image.names import HASH_CHARS, local_ref
 from builder.image.records import load_record, save_record
 from builder.lock.lockfile import Lock

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.engine.hostprobe import HostFacts
+from builder.engine.protocol import Engine
 from builder.errors import OperationFailed, StackError
 from builder.evidence.oci import ArtifactStore
-from builder.image.engine import Engine
-from builder.image.hostprobe import HostFacts
 from builder.spec.cache_volume import CacheVolume, cache_volume
 from builder.warm import archive, artifact, ranks
 from builder.warm.key import (

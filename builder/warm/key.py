@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from builder.image.hostprobe import HostFacts
+from builder.engine.hostprobe import HostFacts
 from builder.spec.knowledge import parse_document, read_knowledge
 from builder.spec.manifest import Prose, SafeText
 from builder.spec.strict import Strict

@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from builder.engine.protocol import Container, ContainerSpec, Engine, Mount
 from builder.errors import EngineError, OperationFailed, StackError
-from builder.image.engine import Container, ContainerSpec, Engine, Mount
 from builder.spec.cache_volume import CacheVolume
 
 ROOT = "/w"

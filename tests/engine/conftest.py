@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from builder import REPO_ROOT
-from builder.image.address import from_environment
-from builder.image.docker_engine import DockerEngine
+from builder.engine.address import from_environment
+from builder.engine.docker_adapter import DockerEngine
 from builder.image.names import local_ref, moving_ref
 from builder.image.registry import REGISTRY_ENV, Registry
 from builder.render.context import render
@@ -47,7 +47,7 @@ WRONG = "The capital of Kentucky is Louisville."
 @pytest.fixture(scope="session")
 def engine() -> DockerEngine:
     """The engine as the tool sees it (what builder functions take)."""
-    from builder.image.docker_engine import connect_engine
+    from builder.engine.docker_adapter import connect_engine
 
     return connect_engine(from_environment())
 

@@ -19,7 +19,7 @@ from typing import IO, Any
 import pytest
 
 from builder import REPO_ROOT
-from builder.image.docker_engine import DockerEngine
+from builder.engine.docker_adapter import DockerEngine
 from builder.image.names import content_tag, local_ref, moving_ref
 from builder.render.context import render
 from builder.spec.resolve import resolve

@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 from builder import REPO_ROOT
+from builder.engine.docker_adapter import run_kwargs
 from builder.hosts.deploy import container_spec
 from builder.hosts.pins import LABEL_HOST, load_pin
-from builder.image.docker_engine import run_kwargs
 from builder.image.names import content_tag, local_ref, moving_ref
 from builder.image.records import load_record, save_record
 from builder.image.registry import Registry

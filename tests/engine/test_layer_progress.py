@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from builder.image.docker_engine import DockerEngine
-from builder.image.progress import LayerProgress
+from builder.engine.docker_adapter import DockerEngine
+from builder.engine.progress import LayerProgress
 from builder.image.registry import Registry
 from tests.engine.conftest import unique
 

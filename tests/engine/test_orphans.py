@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from builder.image.docker_engine import DockerEngine
+from builder.engine.docker_adapter import DockerEngine
 from builder.spec.resolve import resolve
 from builder.verify.owner import OWNER_LABEL, reap_orphans
 from builder.verify.smoke import gpu_available, run_smoke

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from builder.engine.address import from_environment
+from builder.engine.docker_adapter import DockerEngine
 from builder.errors import StackError, ToolMissing
-from builder.image.address import from_environment
-from builder.image.docker_engine import DockerEngine
 from builder.image.names import content_tag, moving_ref
 from builder.image.registry import Registry, has_image, push, repo_digest
 
@@ -76,7 +76,7 @@ def test_registry_syntax_is_checked(bad: str) -> None:
 @pytest.mark.engine
 def test_the_socket_calls_see_what_the_sdk_sees(api: Any) -> None:
     """A no-op build inspects and tags over the socket: same answers as the SDK's."""
-    from builder.image.docker_engine import connect_engine
+    from builder.engine.docker_adapter import connect_engine
 
     engine = connect_engine(from_environment())
     image = next(i for i in api.images.list() if i.tags)

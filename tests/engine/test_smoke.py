@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from builder.engine.address import from_environment
+from builder.engine.docker_adapter import DockerEngine, connect_engine
 from builder.errors import ToolMissing
-from builder.image.address import from_environment
-from builder.image.docker_engine import DockerEngine, connect_engine
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.verify.smoke import (
     CHECK_ANSWER,

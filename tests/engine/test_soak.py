@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from builder.image.docker_engine import DockerEngine
+from builder.engine.docker_adapter import DockerEngine
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.verify.smoke import SmokeReport, run_smoke
 from builder.verify.soak import CHECK_ERRORS, CHECK_MEMORY, CHECK_STALL, USER_AGENT, after_smoke

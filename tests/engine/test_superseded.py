@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from builder.engine.docker_adapter import DockerEngine
 from builder.hosts.superseded import remove_superseded
-from builder.image.docker_engine import DockerEngine
 from builder.image.registry import Registry
 from tests.engine.conftest import RUN, unique
 

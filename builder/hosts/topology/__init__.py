@@ -7,7 +7,7 @@ slower, and where the IOMMU translates it there it hangs. A pair whose `nvidia-s
 is NV# does P2P over NVLink, not PCIe: ACS and the IOMMU are not judged for it.
 
 One job a module: serve.py reads what the serve asks for (its argv and env); the host is read
-by builder.image.hostprobe (the only module that looks at devices: nvidia-smi's GPU list, link
+by builder.engine.hostprobe (the only module that looks at devices: nvidia-smi's GPU list, link
 and P2P matrices, lspci, the kernel command line, the IOMMU units and group types) and
 probe.py hands that to parse.py's typed results; advice.py holds knowledge/pcie_p2p.yaml (every
 sentence, fix and source URL a finding carries); findings.py turns serve and host into hostcheck

@@ -11,12 +11,12 @@ from dataclasses import replace
 from itertools import combinations
 from typing import Any
 
+from builder.engine.hostprobe import Probe
 from builder.hosts.hostcheck import Finding
 from builder.hosts.topology.advice import PcieKnowledge, knowledge
 from builder.hosts.topology.parse import GpuSlot, HostTopology, PciDevice, bridges_between
 from builder.hosts.topology.probe import read_topology
 from builder.hosts.topology.serve import NO_CUSTOM_ALL_REDUCE, Serve
-from builder.image.hostprobe import Probe
 
 #: `nvidia-smi topo -m`'s link of a pair joined by a bonded set of # NVLinks (its legend: NV#).
 _NVLINK = re.compile(r"^NV\d+$")

@@ -1,4 +1,4 @@
-"""Reading a host's PCIe topology: builder.image.hostprobe runs the programs and reads the
+"""Reading a host's PCIe topology: builder.engine.hostprobe runs the programs and reads the
 files (through a Probe: this machine, or over ssh for a pin's ssh:// engine); this module only
 puts what it returns through the parsers into one HostTopology.
 """
@@ -8,6 +8,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from builder.engine import hostprobe
+from builder.engine.hostprobe import Probe
 from builder.hosts.topology.parse import (
     HostTopology,
     Iommu,
@@ -17,8 +19,6 @@ from builder.hosts.topology.parse import (
     parse_lspci,
     parse_matrix,
 )
-from builder.image import hostprobe
-from builder.image.hostprobe import Probe
 
 
 def read_topology(probe: Probe) -> HostTopology:

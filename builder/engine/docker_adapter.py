@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
-from builder.errors import EngineError, EngineNotFound, EngineUnreachable, ToolMissing
-from builder.image.address import DEFAULT as DEFAULT_ADDRESS
-from builder.image.address import is_ssh
-from builder.image.engine import (
+from builder.engine.address import DEFAULT as DEFAULT_ADDRESS
+from builder.engine.address import is_ssh
+from builder.engine.protocol import (
     INSTALL_HINT,
     Container,
     ContainerSpec,
@@ -28,7 +27,8 @@ from builder.image.engine import (
     PortBinding,
     registry_failure,
 )
-from builder.image.engine_socket import SocketApi
+from builder.engine.socket_api import SocketApi
+from builder.errors import EngineError, EngineNotFound, EngineUnreachable, ToolMissing
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 #: Engine API timeout: a push or pull of a multi-GB layer is one slow request.
@@ -39,7 +39,7 @@ _PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 
 
 def connect_engine(address: str | None) -> DockerEngine:
-    """The engine at address (builder.image.address; None: the local socket), once it answered
+    """The engine at address (builder.engine.address; None: the local socket), once it answered
     a ping. The caller says which: the command line reads --engine or DOCKER_HOST once
     (`address.from_environment`). An ssh:// engine is reached through this machine's ssh
     client, as the docker CLI reaches it (the user's agent and ~/.ssh/config). A local socket

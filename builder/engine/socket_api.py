@@ -14,8 +14,8 @@ import socket
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from builder.engine.protocol import Image
 from builder.errors import EngineError, EngineNotFound, EngineUnreachable
-from builder.image.engine import Image
 
 #: The oldest API version the tool supports (Debian 12's engine 20.10 speaks 1.41).
 API_VERSION = "v1.41"

@@ -179,7 +179,7 @@ class LayerEvent:
     total: int | None = None
 
 
-#: Called with each LayerEvent of a push or pull (builder.image.progress.LayerProgress).
+#: Called with each LayerEvent of a push or pull (builder.engine.progress.LayerProgress).
 OnLayer = Callable[[LayerEvent], None]
 
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from builder.image.engine import LayerEvent
+from builder.engine.protocol import LayerEvent
 
 STEP = re.compile(r"^#(\d+) (\[[^\]]+\].*)$")
 ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
@@ -166,7 +166,7 @@ class _Layer:
 class LayerProgress:
     """A push or pull as lines a person reads: every few seconds, how many layers are done and
     each moving layer's bytes and percent; a last line when it ends. Fed the engine's layer
-    events (builder.image.engine.LayerEvent) as they stream in."""
+    events (builder.engine.protocol.LayerEvent) as they stream in."""
 
     def __init__(
         self,

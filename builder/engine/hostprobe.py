@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.engine.address import is_ssh, ssh_destination
+from builder.engine.protocol import Engine, nvidia_runtimes
 from builder.errors import EngineError
-from builder.image.address import is_ssh, ssh_destination
-from builder.image.engine import Engine, nvidia_runtimes
 
 #: Runs argv, returns (exit status, stdout); raises OSError when the program is missing.
 Runner = Callable[[Sequence[str]], tuple[int, str]]

@@ -1,0 +1,6 @@
+"""The ground floor: the container engine every step above talks to.
+
+Its address and the protocol the steps program against (protocol.py), the one adapter that
+speaks Docker's SDK (docker_adapter.py) and its raw-socket fast path (socket_api.py), what the
+engine's host has (hostprobe.py: GPUs, runtimes, memory) and the progress of its long calls
+(progress.py). Below every pipeline step, so lock/ and render/ may use it as image/ does."""
