@@ -268,6 +268,7 @@ COMMAND_MODULES = {
     "cache": "builder.cli.warm",
     "report": "builder.cli.report",
     "docs": "builder.cli.docs",
+    "keys": "builder.cli.keys",
 }
 
 
