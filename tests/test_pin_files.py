@@ -1,12 +1,17 @@
 """What a pin file holds and how it is read: schema version, serve port, GPU targets by name,
-and the host folders `deploy --apply` makes before it starts the container. No engine needed."""
+the host folders `deploy --apply` makes before it starts the container, and the compose file and
+systemd unit rendered from it (schema, named volumes, `$`). No engine needed."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from click.testing import Result
@@ -21,6 +26,9 @@ from builder.image.records import load_record
 from builder.spec.resolve import resolve
 from tests.support.served import SERVED_GPU
 from tests.test_hosts import _pin, _probe, _tested_and_pushed
+
+#: The Compose Specification's own schema (tests/fixtures/compose-spec/README.md: source, commit).
+COMPOSE_SCHEMA = Path(__file__).parent / "fixtures" / "compose-spec" / "compose-spec.json"
 
 HOST = "gpu-node-07"
 
@@ -252,3 +260,111 @@ def test_the_systemd_unit_makes_the_same_folders(stacks_dir: Path, tmp_path: Pat
     unit = deploy.render_files(pin)[f"{pin.container}.service"]
     assert f'ExecStartPre=/bin/mkdir -p "{models}"' in unit
     assert f'{tmp_path}/ro"' not in unit.split("ExecStart=", 1)[0]
+
+
+# --- the rendered compose file and unit ---------------------------------------------------------
+
+#: Pins whose renderings differ in what Compose reads: all GPUs (the vLLM default, its named
+#: cache volume), two GPUs with the API-key wrapper's `$`, a user and a wide port, and no GPU.
+RENDERINGS = {
+    "all-gpus": {},
+    "two-gpus-keyed": {
+        "gpus": "0,1",
+        "ports": ("0.0.0.0:8000:8000",),
+        "api_key_file": "/etc/sm120-stacks/keys/gpu-wide.key",
+        "user": "1000:1000",
+    },
+    "no-gpu": {"gpus": "none", "volumes": ("sm120-own-cache:/var/cache/sm120-stacks",)},
+}
+
+
+def _compose(stacks_dir: Path, tmp_path: Path, options: dict[str, Any]) -> tuple[Pin, str]:
+    pin = _pin(stacks_dir, tmp_path, **options)
+    return pin, deploy.render_files(pin)["compose.yaml"]
+
+
+@pytest.mark.parametrize("options", RENDERINGS.values(), ids=RENDERINGS.keys())
+def test_every_compose_file_is_valid_against_the_compose_spec_schema(
+    stacks_dir: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    schema = json.loads(COMPOSE_SCHEMA.read_text())
+    _, text = _compose(stacks_dir, tmp_path, options)
+    jsonschema.Draft7Validator(schema).validate(yaml.safe_load(text))
+    with pytest.raises(jsonschema.ValidationError, match="bogus_key"):
+        bogus = yaml.safe_load(text)
+        bogus["services"]["llm"]["bogus_key"] = 1
+        jsonschema.Draft7Validator(schema).validate(bogus)  # the check can fail
+
+
+@pytest.mark.parametrize("options", RENDERINGS.values(), ids=RENDERINGS.keys())
+def test_every_named_volume_is_declared_with_the_name_the_unit_mounts(
+    stacks_dir: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    """Compose v2 and podman-compose refuse a service volume with no top-level entry
+    ("refers to undefined volume"), which every vLLM pin's cache volume was; declared without
+    name:, Compose would mount PROJECT_NAME instead of the volume the unit and --apply use."""
+    pin, text = _compose(stacks_dir, tmp_path, options)
+    compose = yaml.safe_load(text)
+    used = {v["source"] for v in compose["services"]["llm"]["volumes"] if v["type"] == "volume"}
+    assert used, "every rendering here mounts a cache volume"
+    assert compose.get("volumes") == {name: {"name": name} for name in used}
+    unit = deploy.render_files(pin)[deploy.unit_name(pin)]
+    for name in used:
+        assert f'"type=volume,source={name},target=/var/cache/sm120-stacks"' in unit
+    engine_mounts = {m.source for m in deploy.container_spec(pin).mounts}
+    assert used <= engine_mounts, "deploy --apply mounts the same volumes"
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _strings(item)]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def test_every_dollar_in_a_compose_string_is_escaped(stacks_dir: Path, tmp_path: Path) -> None:
+    """Compose interpolates every value: the API-key wrapper's `$(cat ...)`, `$0` and `$@`
+    went in with a single `$` (docker-compose 1.29: "Invalid interpolation format")."""
+    _, text = _compose(stacks_dir, tmp_path, RENDERINGS["two-gpus-keyed"])
+    compose = yaml.safe_load(text)
+    command = compose["services"]["llm"]["command"]
+    assert command[:2] == ["sh", "-c"]
+    assert command[2] == container._EXPORT_KEY.replace("$", "$$")
+    assert "$$(cat /run/secrets/sm120-stacks-api-key)" in command[2]
+    for value in _strings(compose):
+        assert "$" not in value.replace("$$", ""), value
+
+
+def test_the_compose_file_says_which_compose_it_is_for(stacks_dir: Path, tmp_path: Path) -> None:
+    _, text = _compose(stacks_dir, tmp_path, {})
+    header = "".join(line for line in text.splitlines(True) if line.startswith("#"))
+    assert "Compose v2" in header and "docker compose -f compose.yaml up -d" in header
+    assert "docker-compose 1.x is end of life" in header
+    assert "pull_policy: missing" in header, "the keys 1.x refuses are named"
+
+
+@pytest.mark.parametrize("options", RENDERINGS.values(), ids=RENDERINGS.keys())
+def test_the_systemd_unit_passes_systemd_analyze_verify(
+    stacks_dir: Path, tmp_path: Path, options: dict[str, Any]
+) -> None:
+    """`systemd-analyze verify` is quiet on a good unit; a control line it must warn about
+    shows that it reads the file."""
+    if shutil.which("systemd-analyze") is None or not Path(deploy.DOCKER).exists():
+        pytest.skip("needs systemd-analyze and /usr/bin/docker (systemd checks ExecStart)")
+    pin = _pin(stacks_dir, tmp_path, **options)
+    folder = tmp_path / "units"
+    folder.mkdir()
+    unit = folder / deploy.unit_name(pin)
+    unit.write_text(deploy.render_files(pin)[unit.name])
+
+    def verify() -> subprocess.CompletedProcess[str]:
+        command = ["systemd-analyze", "verify", "--man=no", str(unit)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    clean = verify()
+    assert (clean.returncode, clean.stdout + clean.stderr) == (0, ""), clean.stderr
+    unit.write_text(unit.read_text().replace("[Service]\n", "[Service]\nBogusKey=1\n"))
+    assert "BogusKey" in verify().stderr

@@ -89,6 +89,7 @@ def render_files(pin: Pin) -> dict[str, str]:
         | {"target": m.target, "read_only": m.read_only}
         for m in spec.mounts
     ]
+    named = sorted({m.source for m in spec.mounts if not m.source.startswith("/")})
     compose = env.get_template("deploy/compose.yaml.j2").render(
         pin=pin,
         spec=spec,
@@ -98,6 +99,7 @@ def render_files(pin: Pin) -> dict[str, str]:
         project=f"sm120-stacks-{pin.host}".replace(".", "-"),
         service=SERVICE,
         volumes=mounts,
+        named_volumes=named,
         health_test=list(spec.healthcheck.test) if spec.healthcheck else [],
         gpu_device=gpu_device,
         labels=dict(spec.labels),
@@ -219,7 +221,7 @@ def _jinja_env() -> jinja2.Environment:
         autoescape=False,
         keep_trailing_newline=True,
     )
-    env.filters["j"] = lambda value: json.dumps(value, ensure_ascii=True)
+    env.filters["c"] = compose_value
     env.filters["sd"] = systemd_quote
     return env
 
@@ -229,3 +231,23 @@ def systemd_quote(value: object) -> str:
     text = str(value).replace("\\", "\\\\").replace('"', '\\"')
     text = text.replace("%", "%%").replace("$", "$$")
     return f'"{text}"'
+
+
+def compose_value(value: object) -> str:
+    """A compose value as JSON (valid YAML) with every `$` in its strings written `$$`.
+
+    Compose interpolates `${VAR}` and `$VAR` in every value, so the API-key wrapper's
+    `$(cat ...)`, `$0` and `$@` would be expanded, or refused (docker-compose 1.x), before the
+    container sees them; `$$` is Compose's literal `$`. Keys are not interpolated.
+    """
+    return json.dumps(_dollars_doubled(value), ensure_ascii=True)
+
+
+def _dollars_doubled(value: object) -> object:
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {key: _dollars_doubled(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_dollars_doubled(item) for item in value]
+    return value
