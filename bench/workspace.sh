@@ -3,6 +3,10 @@
 # manifest, the fetched wheels and the patches linked in, so the tool resolves there as here.
 #
 #   bench_workspace WORK VARIANT_NAME VARIANT_YAML
+
+# The benches' registries (loopback, the namespace hosts') speak plain HTTP: named insecure,
+# as a user names theirs (docs/evidence.md, "Your own registry").
+export SM120_STACKS_INSECURE_REGISTRIES=${SM120_STACKS_INSECURE_REGISTRIES:-127.0.0.0/8,10.0.0.0/8}
 bench_workspace() {
   local work=$1 name=$2 yaml=$3
   mkdir -p "$work/stacks" "$work/build"

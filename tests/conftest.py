@@ -17,6 +17,11 @@ from builder.cli.main import cli
 
 STACKS = REPO_ROOT / "stacks"
 
+# The suite's registries (127.0.0.1:5000, the fault tests' own, the namespace hosts') speak
+# plain HTTP: named insecure here, as a user names theirs (docs/evidence.md). The TLS test
+# (tests/engine/test_tls_registry.py) runs without it.
+os.environ.setdefault("SM120_STACKS_INSECURE_REGISTRIES", "127.0.0.0/8,10.0.0.0/8")
+
 
 @pytest.fixture
 def stacks_dir(tmp_path: Path) -> Path:

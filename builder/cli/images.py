@@ -20,15 +20,17 @@ from builder.cli.app import (
     user_errors,
 )
 from builder.engine.progress import LayerProgress
+from builder.engine.protocol import Engine
 from builder.errors import StackError
 from builder.image import uptodate
 from builder.image.build import BuildOptions, build_stack
 from builder.image.buildcache import CacheSettings, registry_cache
 from builder.image.buildclient import detect_build_client, memo_path
 from builder.image.cabundle import resolve_ca_bundle
-from builder.image.distribute import pull_stack, push_stack, registry_has_current
+from builder.image.distribute import registry_has_current
 from builder.image.names import content_tag, moving_ref
 from builder.image.registry import Registry
+from builder.render.context import RenderedContext
 
 #: How long a second build of a stack waits for the first: longer than the longest cold build
 #: measured (vllm-0.17-flashinfer-cutlass, 69 min on 2 cores), with room for a slower machine.
@@ -156,10 +158,7 @@ def build(
     if pull_or_build:
         target = Registry.parse(registry)
         if registry_has_current(rendered, engine, target):
-            layers = layer_lines("pull", target.ref(content_tag(stack, rendered.content_hash())))
-            ref = pull_stack(rendered, settings.build_dir, engine, target, layers)
-            layers.finish()
-            click.echo(f"pulled {ref} from {target.repository}")
+            _pull(settings, rendered, engine, target, f"pulled {{ref}} from {target.repository}")
             return
         click.echo(f"{target.repository} has no image of this content hash; building")
     client = functools.cache(lambda: detect_build_client(memo=memo_path(settings.build_dir)))
@@ -214,30 +213,23 @@ def build(
 @user_errors
 def push(settings: Settings, stack: str, registry: str | None, force: bool) -> None:
     """Push the stack's current image (content tag and moving tag) and its evidence beside it
-    (verdicts and test report, SBOM, provenance); print its digest."""
-    from builder.evidence.attach import attach_evidence
+    (verdicts and test report, SBOM, provenance); print its digest. Recorded as pushed only
+    once every document is in the registry."""
+    from builder.evidence.publish import publish
     from builder.image.buildclient import detect_build_client
-    from builder.image.records import load_record
 
     resolved = settings.checked(stack)
     rendered = settings.render(resolved)
     engine = settings.connect()
     target = Registry.parse(registry)
     layers = layer_lines("push", target.ref(content_tag(stack, rendered.content_hash())))
-    pushed = push_stack(rendered, settings.build_dir, engine, target, force=force, progress=layers)
-    layers.finish()
-    record = load_record(settings.build_dir, stack, pushed.content_hash)
-    artifacts = attach_evidence(
-        engine,
-        target,
-        resolved,
-        rendered,
-        record,
-        pushed.digest_ref,
-        detect_build_client(memo=memo_path(settings.build_dir)).kind,
+    client = detect_build_client(memo=memo_path(settings.build_dir)).kind
+    published = publish(
+        engine, target, resolved, rendered, settings.build_dir, client, force, layers
     )
-    click.echo(pushed.digest_ref)
-    for artifact in artifacts:
+    layers.finish()
+    click.echo(published.digest_ref)
+    for artifact in published.artifacts:
         kind = artifact.annotation("dev.sm120-stacks.kind")
         click.echo(f"evidence: {kind} {artifact.digest}", err=True)
 
@@ -252,21 +244,21 @@ def pull(settings: Settings, stack: str, registry: str | None) -> None:
     """Pull the image of the stack's current content hash, with the verdicts its evidence in
     the registry gives (checked: they must name the image and be intact); they are recorded
     here, so `pin` can rely on them."""
-    from builder.cli.evidence import print_verdicts
-    from builder.evidence.reader import read_evidence
-    from builder.image.records import load_record, save_record
-
     rendered = settings.render(settings.checked(stack))
-    source = Registry.parse(registry)
-    evidence = read_evidence(source, stack, rendered.content_hash())
-    layers = layer_lines("pull", source.ref(content_tag(stack, rendered.content_hash())))
-    pulled = pull_stack(rendered, settings.build_dir, settings.connect(), source, layers)
+    _pull(settings, rendered, settings.connect(), Registry.parse(registry), "{ref}")
+
+
+def _pull(
+    settings: Settings, rendered: RenderedContext, engine: Engine, source: Registry, said: str
+) -> None:
+    """`pull`'s and `build --pull-or-build`'s pull: the image with its evidence (read, checked
+    and recorded by evidence/pull.py), its progress on stderr, said (with {ref}) and the
+    verdicts on stdout."""
+    from builder.cli.evidence import print_verdicts
+    from builder.evidence.pull import pull_with_evidence
+
+    layers = layer_lines("pull", source.ref(content_tag(rendered.stack, rendered.content_hash())))
+    pulled = pull_with_evidence(rendered, settings.build_dir, engine, source, layers)
     layers.finish()
-    click.echo(pulled)
-    record = load_record(settings.build_dir, stack, rendered.content_hash())
-    found = evidence.record()
-    record.tests, record.static, record.served = found.tests, found.static, found.served
-    record.smoke = record.smoke or found.smoke
-    record.pushed[source.repository] = evidence.ref
-    save_record(settings.build_dir, record)
-    print_verdicts(evidence)
+    click.echo(said.format(ref=pulled.ref))
+    print_verdicts(pulled.evidence)

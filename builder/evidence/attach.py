@@ -33,6 +33,9 @@ from builder.render.context import JIT_WORKSPACE, RenderedContext
 from builder.spec.resolve import ResolvedStack
 from builder.verify.validate import run_capture
 
+#: How each document reached the registry (registry_http: tls-verified, tls-unverified or
+#: plain-http), so a reader sees where the user allowed less than verified TLS.
+TRANSPORT_ANNOTATION = "dev.sm120-stacks.transport"
 _SPLIT = "===sm120-stacks==="
 #: One container of the image lists what it holds: dpkg's status, the precompiled modules'
 #: sha256, and (for a stack without a lock) what pip has installed.
@@ -142,7 +145,11 @@ def attach_evidence(
         ("sbom", SBOM_TYPE, sbom),
         ("provenance", PROVENANCE_TYPE, statement),
     ):
-        annotations = {SUBJECT_ANNOTATION: digest, KIND_ANNOTATION: kind}
+        annotations = {
+            SUBJECT_ANNOTATION: digest,
+            KIND_ANNOTATION: kind,
+            TRANSPORT_ANNOTATION: store.transport,
+        }
         pushed.append(store.attach(subject, media_type, media_type, payload, annotations))
     return pushed
 
@@ -159,7 +166,11 @@ def attach_served(
     subject = store.image(digest)
     one = record.model_copy(update={"served": [verdict], "static": None, "tests": None})
     document = documents.verdict_document(digest, registry.repository, one, report, False)
-    annotations = {SUBJECT_ANNOTATION: digest, KIND_ANNOTATION: "verdict"}
+    annotations = {
+        SUBJECT_ANNOTATION: digest,
+        KIND_ANNOTATION: "verdict",
+        TRANSPORT_ANNOTATION: store.transport,
+    }
     return store.attach(
         subject, VERDICT_TYPE, VERDICT_TYPE, documents.canonical(document), annotations
     )

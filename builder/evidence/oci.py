@@ -1,8 +1,10 @@
-"""Artifacts that refer to an image, in an OCI registry, through ORAS's client.
+"""Artifacts that refer to an image, in an OCI registry, over its HTTP API.
 
-An artifact is an OCI image manifest whose `artifactType` says what it is, whose one layer is
-the document, whose config is the empty descriptor and whose `subject` is the image's manifest
-descriptor (OCI image spec 1.1, "artifacts guidance"). Finding an image's artifacts:
+The HTTP goes through image/registry_http.py: the registry's TLS and login as the engine has
+them, timeouts and retries. An artifact is an OCI image manifest whose `artifactType` says what
+it is, whose one layer is the document, whose config is the empty descriptor and whose
+`subject` is the image's manifest descriptor (OCI image spec 1.1, "artifacts guidance").
+Finding an image's artifacts:
 
 - the referrers API (`GET /v2/NAME/referrers/DIGEST`, distribution spec 1.1) where the registry
   answers it with an image index;
@@ -23,10 +25,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
-from builder.errors import OperationFailed, StackError, ToolMissing
+from builder.errors import OperationFailed, StackError
 from builder.image.names import REPOSITORY
 from builder.image.registry import Registry
+from builder.image.registry_http import RegistryAccess
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
@@ -96,16 +100,20 @@ def referrers_tag(digest: str) -> str:
 class ArtifactStore:
     """Artifacts of images in one registry repository (the stacks' repository)."""
 
-    def __init__(self, registry: Registry, name: str | None = None) -> None:
-        import oras.provider
-
+    def __init__(
+        self, registry: Registry, name: str | None = None, access: RegistryAccess | None = None
+    ) -> None:
         self.registry = registry
-        self.insecure = _plain_http(registry.host)
-        self.client = oras.provider.Registry(hostname=registry.host, insecure=self.insecure)
+        self.session = (access or RegistryAccess.from_environment()).session(registry.host)
         self.name = name or "/".join(
             [*([registry.namespace] if registry.namespace else []), REPOSITORY]
         )
-        self.base = f"{'http' if self.insecure else 'https'}://{registry.host}/v2/{self.name}"
+
+    @property
+    def transport(self) -> str:
+        """How the documents went: tls-verified, or what the user allowed for this registry."""
+        self.session.base  # noqa: B018 - the scheme is settled by the first request
+        return self.session.transport
 
     @classmethod
     def of_image(cls, image: str) -> ArtifactStore:
@@ -246,22 +254,17 @@ class ArtifactStore:
             path.unlink(missing_ok=True)
             raise _tampered(f"blob {descriptor.digest}", got)
 
-    # -- the registry's HTTP, through ORAS's session (auth, retries) --
+    # -- the registry's HTTP (registry_http: TLS, login, timeouts, retries) --
 
-    def _request(self, method: str, path: str, accept: str | None = None, **kwargs: Any) -> Any:
-        import requests
-
-        headers = {**self.client.headers, **kwargs.pop("headers", {})}
+    def _request(
+        self, method: str, path: str, accept: str | None = None, push: bool = False, **kwargs: Any
+    ) -> Any:
+        headers = dict(kwargs.pop("headers", {}))
         if accept:
             headers["Accept"] = accept
-        try:
-            return self.client.do_request(self.base + path, method, headers=headers, **kwargs)
-        except (requests.RequestException, ValueError) as exc:
-            raise ToolMissing(
-                f"cannot reach the registry {self.registry.host} ({exc.__class__.__name__}: "
-                f"{str(exc)[:200]})",
-                hint="start it, or check --registry / SM120_STACKS_REGISTRY",
-            ) from None
+        scope = f"repository:{self.name}:{'pull,push' if push else 'pull'}"
+        url = path if path.startswith("http") else f"/v2/{self.name}{path}"
+        return self.session.request(method, url, scope, headers=headers, **kwargs)
 
     def _manifest(self, reference: str, media_types: tuple[str, ...]) -> tuple[bytes, str]:
         response = self._request("GET", f"/manifests/{reference}", accept=", ".join(media_types))
@@ -278,26 +281,50 @@ class ArtifactStore:
             return self._put_file(path, media_type)
 
     def _put_file(self, path: Path, media_type: str) -> Descriptor:
-        import oras.oci
-
-        layer = oras.oci.NewLayer(str(path), media_type)
-        # ORAS's one-request upload reads the whole file into memory: a cache of gigabytes
-        # goes up in chunks instead (distribution's POST, PATCH..., PUT).
-        chunked = int(layer["size"]) > CHUNKED_ABOVE
-        response = self.client.upload_blob(
-            str(path), self._container(), layer, do_chunked=chunked, chunk_size=CHUNK_BYTES
-        )
-        _ok(response, f"blob upload of {media_type}")
-        return Descriptor(media_type, str(layer["digest"]), int(layer["size"]))
+        """Upload a file as a blob unless the registry has it: one PUT, or for a cache of
+        gigabytes PATCHes of CHUNK_BYTES (distribution's POST, PATCH..., PUT)."""
+        digest, size = _file_digest(path)
+        found = Descriptor(media_type, digest, size)
+        if self._request("HEAD", f"/blobs/{digest}").status_code == 200:
+            return found
+        started = self._request("POST", "/blobs/uploads/", push=True)
+        _ok(started, f"blob upload of {media_type}")
+        location = _location(started, self.session.base)
+        with path.open("rb") as source:
+            if size > CHUNKED_ABOVE:
+                offset = 0
+                while chunk := source.read(CHUNK_BYTES):
+                    headers = {
+                        "Content-Type": "application/octet-stream",
+                        "Content-Range": f"{offset}-{offset + len(chunk) - 1}",
+                    }
+                    sent = self._request("PATCH", location, push=True, headers=headers, data=chunk)
+                    _ok(sent, f"blob upload of {media_type}")
+                    location = _location(sent, self.session.base)
+                    offset += len(chunk)
+                body: Any = b""
+            else:
+                body = source
+            joiner = "&" if "?" in location else "?"
+            done = self._request(
+                "PUT",
+                f"{location}{joiner}digest={digest}",
+                push=True,
+                headers={"Content-Type": "application/octet-stream"},
+                data=body,
+            )
+        _ok(done, f"blob upload of {media_type}")
+        return found
 
     def _put_manifest(self, reference: str, data: bytes, media_type: str) -> None:
         response = self._request(
-            "PUT", f"/manifests/{reference}", headers={"Content-Type": media_type}, data=data
+            "PUT",
+            f"/manifests/{reference}",
+            push=True,
+            headers={"Content-Type": media_type},
+            data=data,
         )
         _ok(response, f"manifest upload {reference}")
-
-    def _container(self) -> Any:
-        return self.client.get_container(f"{self.name}:evidence")
 
     def _tag_index(self, subject: str) -> list[Descriptor]:
         response = self._request("GET", f"/manifests/{referrers_tag(subject)}", accept=INDEX)
@@ -341,10 +368,22 @@ def _tampered(what: str, got: str) -> StackError:
     )
 
 
-def _plain_http(host: str) -> bool:
-    """Loopback registries speak plain HTTP (as the engine allows them to); any other, TLS."""
-    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-    return name in ("localhost", "127.0.0.1", "[::1]") or name.startswith("127.")
+def _file_digest(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as source:
+        while chunk := source.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return "sha256:" + digest.hexdigest(), size
+
+
+def _location(response: Any, base: str) -> str:
+    """Where an upload goes on: the Location header, which may be relative to the registry."""
+    location = response.headers.get("Location")
+    if not location:
+        raise OperationFailed("the registry started a blob upload without a Location")
+    return str(urljoin(base + "/", location))
 
 
 __all__ = [

@@ -2,18 +2,19 @@
 
 registry.py knows images and tags; this module knows stacks: which content hash is current,
 that a pulled image gets the same local tags a build would give it, and that every push is
-recorded with its digest (what `pin` later requires).
+recorded with its digest (what `pin` later requires), only once its evidence is beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder.engine.protocol import Engine, OnLayer
-from builder.errors import StackError
+from builder.errors import EngineError, StackError
 from builder.image.build import find_image
-from builder.image.names import local_ref, moving_ref
+from builder.image.names import content_tag, local_ref, moving_ref
 from builder.image.records import load_record, require_tested, save_record
 from builder.image.registry import Registry, has_image, pull, push
 from builder.render.context import RenderedContext
@@ -34,6 +35,9 @@ def push_stack(
     force: bool = False,
     progress: OnLayer | None = None,
 ) -> Pushed:
+    """Push the image under its content tag alone, recording nothing: the moving tag and the
+    record wait until its evidence is there too (evidence/publish.py), so a push that stops
+    halfway leaves nothing a `pin` would take for pushed."""
     name, content_hash = rendered.stack, rendered.content_hash()
     ref = local_ref(name, content_hash)
     image = find_image(engine, ref, content_hash)
@@ -54,10 +58,35 @@ def push_stack(
             "refusing to push an untested image",
             hint=f"run `sm120-stacks test {name}`, or pass --force to push anyway",
         )
-    digest_ref = push(engine, registry, ref, name, content_hash, progress)
-    record.pushed[registry.repository] = digest_ref
-    save_record(build_dir, record)
+    tag = content_tag(name, content_hash)
+    digest_ref = push(engine, registry, ref, name, content_hash, progress, tags=(tag,))
     return Pushed(name, content_hash, digest_ref)
+
+
+def finish_push(
+    pushed: Pushed,
+    build_dir: Path,
+    engine: Engine,
+    registry: Registry,
+    progress: OnLayer | None = None,
+) -> None:
+    """Once the image and its evidence are in the registry: the moving tag, then the record."""
+    ref = local_ref(pushed.stack, pushed.content_hash)
+    push(engine, registry, ref, pushed.stack, pushed.content_hash, progress, tags=(pushed.stack,))
+    record = load_record(build_dir, pushed.stack, pushed.content_hash)
+    record.pushed[registry.repository] = pushed.digest_ref
+    save_record(build_dir, record)
+
+
+def abandon_push(pushed: Pushed, build_dir: Path, engine: Engine, registry: Registry) -> None:
+    """A push whose evidence did not go up: the registry-named tag it put on this engine goes,
+    unless an earlier, finished push of the same image named it (the registry keeps the content
+    tag's manifest; without evidence beside it, `pin` from another folder refuses it)."""
+    record = load_record(build_dir, pushed.stack, pushed.content_hash)
+    if registry.repository in record.pushed:
+        return
+    with contextlib.suppress(EngineError):
+        engine.untag(registry.ref(content_tag(pushed.stack, pushed.content_hash)))
 
 
 def pull_stack(

@@ -27,6 +27,7 @@ from builder.errors import (
     ToolMissing,
 )
 from builder.image.names import REPOSITORY, content_tag
+from builder.image.registry_http import refuse_inline_login
 from builder.spec import imageref
 
 REGISTRY_ENV = "SM120_STACKS_REGISTRY"
@@ -51,6 +52,7 @@ class Registry:
                 "no registry given",
                 hint=f"pass --registry HOST[:PORT][/NAMESPACE] or set {REGISTRY_ENV}",
             )
+        refuse_inline_login(value, "--registry")
         match = _REGISTRY.match(value)
         if match is None:
             raise StackError(
@@ -76,9 +78,11 @@ def push(
     stack: str,
     content_hash: str,
     progress: OnLayer | None = None,
+    tags: tuple[str, ...] | None = None,
 ) -> str:
-    """Push the content tag and the moving stack tag; return repo@sha256 of the image.
-    progress: told each layer event of both pushes (the second finds every layer there).
+    """Push the content tag and the moving stack tag (or the tags given); return repo@sha256
+    of the image. progress: told each layer event of every push (the second finds every layer
+    there).
 
     The engine pushes a local name, so each tag is first put on the image as
     REGISTRY/REPO:TAG. A push that fails takes off the names it put there (not one the image
@@ -89,7 +93,7 @@ def push(
     added: list[str] = []
     try:
         digest = ""
-        for tag in (content_tag(stack, content_hash), stack):
+        for tag in tags or (content_tag(stack, content_hash), stack):
             if _tag_new(engine, image.id, registry.ref(tag)):
                 added.append(registry.ref(tag))
 

@@ -111,8 +111,11 @@ def proxy_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def cli_process(workspace: Path, proxy_ca: tuple[Path, str]) -> Callable[..., Any]:
     """Run `sm120-stacks` as a real process in the workspace (exit status and output kept)."""
 
-    def run(*args: str, check: bool = True, **popen: Any) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "SM120_STACKS_CA_BUNDLE": str(proxy_ca[0])}
+    def run(
+        *args: str, check: bool = True, env: dict[str, str] | None = None, **popen: Any
+    ) -> subprocess.CompletedProcess[str]:
+        """env: variables on top of this process's (a registry's login and trust, say)."""
+        env = {**os.environ, "SM120_STACKS_CA_BUNDLE": str(proxy_ca[0]), **(env or {})}
         result = subprocess.run(
             [sys.executable, "-m", "builder", *args],
             cwd=workspace,
