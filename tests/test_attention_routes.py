@@ -83,7 +83,14 @@ def test_the_fp8_kv_proof_stack_drops_fa3_for_one_e4m3_fa2_module() -> None:
     assert stack.manifest.serve.kv_cache_dtype == "fp8_e4m3"
 
 
-@pytest.mark.parametrize("name", ["vllm-0.22-marlin", "vllm-0.22-b12x"])
+def test_the_b12x_stacks_fp8_checkpoint_derives_the_fa2_fp8_module() -> None:
+    """Nemotron-3-Nano stores its KV cache as FP8: FlashInfer attention, its FA2 module."""
+    stack = resolve("vllm-0.22-b12x", STACKS)
+    assert stack.serve_path is not None and stack.serve_path.attention_backend == "FLASHINFER"
+    assert any("dtype_kv_e4m3" in module for module in stack.jit_modules)
+
+
+@pytest.mark.parametrize("name", ["vllm-0.22-marlin"])
 def test_the_022_sm120_stacks_select_no_flashinfer_module(name: str) -> None:
     """Auto KV cache on sm120 keeps vLLM's FLASH_ATTN; the sampler is off by its variable."""
     stack = resolve(name, STACKS)
@@ -93,7 +100,7 @@ def test_the_022_sm120_stacks_select_no_flashinfer_module(name: str) -> None:
     assert stack.jit_modules == ("fp4_gemm_cutlass_sm120",)
 
 
-@pytest.mark.parametrize("name", ["vllm-0.33-marlin", "vllm-0.33-b12x", "vllm-0.33-spark"])
+@pytest.mark.parametrize("name", ["vllm-0.33-marlin", "vllm-0.33-spark"])
 def test_the_033_stacks_keep_their_module_list(name: str) -> None:
     stack = resolve(name, STACKS)
     assert stack.jit_modules == ("sampling", "fp4_gemm_cutlass_sm120")
@@ -124,7 +131,7 @@ def test_the_serve_path_stays_out_of_the_image_identity() -> None:
 
 def test_derived_modules_are_in_the_images_table_and_nothing_else_changes() -> None:
     listed = jit_module_table()
-    for name in ("ci-mini", "vllm-0.33-b12x", "vllm-0.22-sm90"):
+    for name in ("ci-mini", "vllm-0.33-marlin", "vllm-0.22-sm90"):
         assert jit_module_table(resolve(name, STACKS)) == listed
     table = jit_module_table(resolve("vllm-0.17-flashinfer-cutlass", STACKS))
     assert set(table) - set(listed) == {FA2_D256_E4M3}

@@ -191,6 +191,9 @@ class _VerifyEngine:
     def run(self, spec: ContainerSpec) -> _Logs:
         return _Logs(self.lines)
 
+    def containers(self, *, label: str | None = None, volume: str | None = None) -> list[Any]:
+        return []  # no container a dead run left behind (engine/owner.py reap_orphans)
+
 
 def test_the_jit_table_lists_precompiled_modules_then_the_not_precompiled_families() -> None:
     stack = b12x()
@@ -198,6 +201,7 @@ def test_the_jit_table_lists_precompiled_modules_then_the_not_precompiled_famili
     assert [(r.module, r.status) for r in rows] == [
         ("sampling", "hit"),
         ("fp4_gemm_cutlass_sm120", "hit"),
+        (next(m for m in stack.jit_modules if m.startswith("batch_prefill")), "hit"),
         ("b12x CuTe-DSL fused MoE kernels (NVFP4 static, micro and dynamic)", "not-precompiled"),
         ("b12x W4A16 MoE kernels (NVFP4 checkpoints without activation scales)", "not-precompiled"),
         ("b12x direct micro MoE kernel (the smallest NVFP4 decode batches)", "not-precompiled"),
@@ -507,33 +511,41 @@ class _LocalEngine:
         )
         return self.started[-1]
 
-    def exec_in(self, container: Container, argv: list[str]) -> str:
+    def containers(self, *, label: str | None = None, volume: str | None = None) -> list[Any]:
+        return []  # no container a dead run left behind (engine/owner.py reap_orphans)
+
+    def exec_here(self, argv: list[str]) -> tuple[int, str]:
+        """What Container.exec of argv answers in a container of the image: run here."""
         done = subprocess.run(
             [sys.executable, *argv[1:]], env=self.env, capture_output=True, text=True
         )
-        return done.stdout
+        return done.returncode, done.stdout + done.stderr
 
 
 class _SmokeContainer:
     id = "c0ffee"
 
-    def __init__(self, running: bool = True) -> None:
+    def __init__(self, engine: _LocalEngine, running: bool = True) -> None:
         self.attrs: dict[str, Any] = {"State": {"Running": running}}
+        self.engine = engine
 
     def reload(self) -> None:
         pass
+
+    def exec(self, argv: list[str]) -> tuple[int, str]:
+        return self.engine.exec_here(argv)
 
 
 def test_the_container_watch_lists_the_image_then_the_smoke_container(tmp_path: Path) -> None:
     workspace = tmp_path / "opt-flashinfer-cache"
     age(export(workspace, STATIC))  # as if the image held it
     engine = _LocalEngine(workspace)
-    watch = container_watch(engine, "image", b12x(), exec_in=engine.exec_in)  # type: ignore[arg-type]
+    watch = container_watch(engine, "image", b12x())  # type: ignore[arg-type]
     assert watch is not None
     watch.before()
     assert engine.started and engine.started[0].removed
     export(workspace, DYNAMIC)
-    watch.after(_SmokeContainer())  # type: ignore[arg-type]
+    watch.after(_SmokeContainer(engine))  # type: ignore[arg-type]
     results = watch.result(log_compiles(DYNAMIC))
     result = results.cache(LAYOUT_ID)
     assert {r.name.split("/")[1]: r.status for r in result.kernels} == {
@@ -562,10 +574,10 @@ def test_the_in_image_listing_is_the_same_as_the_local_one(tmp_path: Path) -> No
 
 def test_a_stopped_smoke_container_is_a_note_not_a_lost_report(tmp_path: Path) -> None:
     engine = _LocalEngine(tmp_path)
-    watch = container_watch(engine, "image", b12x(), exec_in=engine.exec_in)  # type: ignore[arg-type]
+    watch = container_watch(engine, "image", b12x())  # type: ignore[arg-type]
     assert watch is not None
     watch.before()
-    watch.after(_SmokeContainer(running=False))  # type: ignore[arg-type]
+    watch.after(_SmokeContainer(engine, running=False))  # type: ignore[arg-type]
     for result in watch.result(None).results:
         assert not result.listed and result.kernels == []
         assert "the smoke's container had stopped" in result.notes[0]
@@ -710,11 +722,16 @@ class _ServingContainer:
             "NetworkSettings": {"Ports": {f"{serve_port}/tcp": [{"HostPort": str(host_port)}]}},
         }
         self.log = log
+        self.removed = False
+        #: Runs a kernel-cache listing as in this container (set to its engine's exec_here).
+        self.listing: Callable[[list[str]], tuple[int, str]] | None = None
 
     def exec(self, argv: list[str]) -> tuple[int, str]:
-        """The driver cache of a server that compiled no PTX: 0 files, 0 bytes."""
+        """A kernel-cache listing runs as in the container; anything else is the smoke asking
+        for the driver cache of a server that compiled no PTX: 0 files, 0 bytes."""
+        if self.listing is not None and argv[1:2] == ["-c"]:
+            return self.listing(argv)
         return 0, "0\n0\t/var/cache/sm120-stacks/cuda-driver\n"
-        self.removed = False
 
     def reload(self) -> None:
         pass
@@ -737,9 +754,6 @@ class _SmokeEngine(_LocalEngine):
     def run(self, spec: ContainerSpec) -> Any:
         return self.serving if spec.command is None else super().run(spec)
 
-    def containers(self, *, label: str | None = None, volume: str | None = None) -> list[Any]:
-        return []  # no container a dead run left behind (verify/owner.py reap_orphans)
-
 
 def test_run_smoke_lists_the_image_then_its_own_container(tmp_path: Path) -> None:
     """`test --require-gpu`'s path through run_smoke: the listing before runs in a throwaway
@@ -757,6 +771,7 @@ def test_run_smoke_lists_the_image_then_its_own_container(tmp_path: Path) -> Non
         port = int(url_of(server).rsplit(":", 1)[1])
         serving = _ServingContainer(stack.manifest.serve.port, port, log)
         engine = _SmokeEngine(workspace, serving)
+        serving.listing = engine.exec_here
 
         def compile_on_first_request() -> None:
             deadline = time.monotonic() + 60
@@ -766,7 +781,7 @@ def test_run_smoke_lists_the_image_then_its_own_container(tmp_path: Path) -> Non
 
         thread = threading.Thread(target=compile_on_first_request, daemon=True)
         thread.start()
-        watch = container_watch(engine, "image", stack, exec_in=engine.exec_in)  # type: ignore[arg-type]
+        watch = container_watch(engine, "image", stack)  # type: ignore[arg-type]
         report = run_smoke(
             engine,  # type: ignore[arg-type]
             "image",

@@ -51,7 +51,7 @@ def test_the_seed_mtp_marlin_manifest_is_rejected(
 VARIANTS: dict[str, tuple[str, str]] = {
     # rule id: (base stack, YAML added under a child that extends it)
     "unquantized-draft-head-needs-unquantized-moe-backend": (
-        "vllm-0.22-b12x",
+        "vllm-0.22-marlin",
         "serve: {speculative: {method: mtp}}",
     ),
     "flashinfer-cutlass-trtllm-nvfp4-moe-crash-sm120": (
@@ -116,6 +116,22 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "cutlass-dsl-before-4.4.2-moe-sm121": (
         "vllm-0.33-spark",
         "python: {packages: {nvidia-cutlass-dsl: {version: 4.4.1, extras: [cu13]}}}",
+    ),
+    # b12x's route reaches FlashInfer attention (fp8 KV): without the gate-off argument the
+    # decode kernel follows the network; with the variable it is XQA, which nobody precompiles.
+    "trtllm-gate-follows-network": (
+        "vllm-0.33-b12x",
+        "serve: {extra_args: [--trust-remote-code]}",
+    ),
+    "trtllm-gate-on-xqa-not-precompiled": (
+        "vllm-0.33-b12x",
+        "serve: {extra_args: [--trust-remote-code]}\nenv: {VLLM_HAS_FLASHINFER_CUBIN: '1'}",
+    ),
+    "serve-path-reaches-network": ("vllm-0.33-marlin", "env: {VLLM_NO_USAGE_STATS: '0'}"),
+    # The README's model (512 routed experts, knowledge/models.yaml) with b12x.
+    "b12x-nvfp4-moe-512-experts-illegal-memory-access-sm120": (
+        "vllm-0.33-marlin",
+        "serve: {moe_backend: flashinfer_b12x}",
     ),
 }
 

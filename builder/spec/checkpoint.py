@@ -19,7 +19,9 @@ from pydantic import Field
 
 from builder.errors import StackError
 from builder.spec.knowledge import parse_document, read_knowledge
-from builder.spec.resolve import ResolvedStack
+from builder.spec.model_shapes import checkpoint_experts
+from builder.spec.resolve import ResolvedStack, rule_facts
+from builder.spec.rules import evaluate
 from builder.spec.strict import Strict
 
 
@@ -65,14 +67,33 @@ def checkpoint_kv_dtype(model_dir: Path) -> tuple[str | None, str | None]:
     return None, None
 
 
+def check_checkpoint_rules(stack: ResolvedStack, model_dir: Path) -> str | None:
+    """The rules again with the folder's own expert count (config.json) instead of
+    knowledge/models.yaml's: a checkpoint the table does not know, or one that differs from it,
+    is judged on what it is. Refused with the rule's words; the count in words otherwise."""
+    experts, where = checkpoint_experts(model_dir)
+    if experts is None:
+        return None
+    facts = rule_facts(stack) | {"model.routed_experts": experts}
+    fired = [v for v in evaluate(facts) if "model.routed_experts" in v.rule.when]
+    if fired:
+        raise StackError(
+            f"the checkpoint at {model_dir} ({where}): known-bad combination: "
+            f"{fired[0].describe()}",
+            key=fired[0].rule.key,
+        )
+    return f"checkpoint {where}"
+
+
 def check_checkpoint(stack: ResolvedStack, model_dir: Path) -> str | None:
-    """Refuse a model folder whose KV cache dtype the stack's derivation does not know; the
-    finding in words when it agrees (None: the folder says nothing of its KV cache)."""
+    """Refuse a model folder whose KV cache dtype the stack's derivation does not know, or whose
+    expert count a rule refuses; the finding in words when it agrees (None: nothing to say)."""
+    experts_said = check_checkpoint_rules(stack, model_dir)
     asked, where = checkpoint_kv_dtype(model_dir)
     serve = stack.manifest.serve
     declared = serve.model.checkpoint_kv_cache_dtype
     if asked is None:
-        return None
+        return experts_said
     explicit = serve.kv_cache_dtype not in (None, "auto")
     if declared is None and not explicit:
         raise StackError(
@@ -89,4 +110,4 @@ def check_checkpoint(stack: ResolvedStack, model_dir: Path) -> str | None:
     )
 
 
-__all__ = ["check_checkpoint", "checkpoint_kv_dtype"]
+__all__ = ["check_checkpoint", "check_checkpoint_rules", "checkpoint_kv_dtype"]

@@ -26,8 +26,10 @@ from builder.spec.jitmodules import jit_modules_known as jit_modules_known
 from builder.spec.jitmodules import jit_presets as jit_presets
 from builder.spec.knowledge import error_at, validation_error
 from builder.spec.manifest import Manifest
+from builder.spec.model_shapes import known_shape
 from builder.spec.rules import evaluate
 from builder.spec.servepath import NoRoute, ServePath, check_serve_args, derive_serve_path
+from builder.spec.start_switches import StartSwitches, start_switches
 from builder.spec.substitute import Substitutions
 from builder.spec.yamlsafe import YamlDocument, load_yaml
 
@@ -56,6 +58,8 @@ class ResolvedStack:
     base_substitutions: dict[str, str] = field(default_factory=dict)
     #: What the vLLM server loads from FlashInfer and why (None: not derived for this stack).
     serve_path: ServePath | None = None
+    #: How its server sets what vLLM reads at start that follows the network (None: not read).
+    start_switches: StartSwitches | None = None
 
     def to_json(self, editorial: bool = True) -> dict[str, Any]:
         """The resolved manifest with derived values: what `show` prints. Without the editorial
@@ -77,6 +81,8 @@ class ResolvedStack:
             # What `show` explains; images carry only its outcome (jit_modules), so the content
             # hash of a stack whose modules did not change stays the same.
             data["derived"]["serve_path"] = self.serve_path.to_json()
+        if editorial and self.start_switches is not None:
+            data["derived"]["start_switches"] = self.start_switches.to_json()
         return data
 
     def module_archs(self) -> dict[str, list[str]]:
@@ -155,6 +161,7 @@ def resolve(
         sources=tuple(d.path for d in docs),
         repo_root=repo_root,
         serve_path=serve_path,
+        start_switches=start_switches(manifest, docs, serve_path),
     )
     _check_reserved_env(stack, docs)
     _check_patches(stack, docs)
@@ -422,6 +429,16 @@ def rule_facts(stack: ResolvedStack, locked: Mapping[str, str] | None = None) ->
         facts["driver.below_minimum"] = Version(driver) < Version(minimum)
     facts["toolkit.past_cuda"] = _toolkit_past_cuda(m.cuda, facts) or None
     facts["model.slice_not_multiple_of_32"] = _slice_not_multiple_of_32(stack)
+    # The manifest's own count first, else knowledge/models.yaml's (checkpoint.py: config.json).
+    shape = known_shape(m.serve.model.id)
+    table = shape.routed_experts if shape is not None else None
+    facts["model.routed_experts"] = m.serve.model.num_experts or table
+    if stack.serve_path is not None:
+        facts["route.attention_backend"] = stack.serve_path.attention_backend
+    switches = stack.start_switches
+    if switches is not None:
+        facts["start.trtllm_gate"] = switches.gate
+        facts["start.open_switches"] = [f"{s}: {fix}" for s, fix in switches.open] or None
     return facts
 
 

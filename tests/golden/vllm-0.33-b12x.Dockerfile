@@ -58,10 +58,11 @@ RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/to
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
     --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.7.2.post1-120f-py3.12-c8ce135d233d,target=/opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
-    sampling fp4_gemm_cutlass_sm120 \
+    sampling fp4_gemm_cutlass_sm120 batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_e4m3_dtype_o_bf16_dtype_idx_i32_head_dim_qk_128_head_dim_vo_128_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False_kv_stride_equal \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \
  && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/120f/cached_ops/sampling /opt/sm120-stacks-jit/cached_ops/ \
- && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/120f/cached_ops/fp4_gemm_cutlass_sm120 /opt/sm120-stacks-jit/cached_ops/
+ && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/120f/cached_ops/fp4_gemm_cutlass_sm120 /opt/sm120-stacks-jit/cached_ops/ \
+ && cp -a /opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/120f/cached_ops/batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_e4m3_dtype_o_bf16_dtype_idx_i32_head_dim_qk_128_head_dim_vo_128_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False_kv_stride_equal /opt/sm120-stacks-jit/cached_ops/
 
 # --- runtime: packages and the JIT cache only; settings below change without rebuilding them ---
 # Same base image as the build: continue from the patched packages, so torch keeps its own layer
@@ -83,8 +84,12 @@ ENV VIRTUAL_ENV=/opt/venv \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
     TORCH_CUDA_ARCH_LIST="12.0a" \
     MAX_JOBS=2
-ENV HF_HOME="/models/hf" \
+ENV DO_NOT_TRACK="1" \
+    FLASHINFER_NO_DOWNLOAD="1" \
+    HF_HOME="/models/hf" \
+    HF_HUB_OFFLINE="1" \
     TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas" \
-    VLLM_ENABLE_CUDA_COMPATIBILITY="0"
+    VLLM_ENABLE_CUDA_COMPATIBILITY="0" \
+    VLLM_NO_USAGE_STATS="1"
 EXPOSE 8000
-CMD ["vllm", "serve", "nvidia/NVIDIA-Nemotron-Labs-3-Puzzle-75B-A9B-NVFP4", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "nemotron-3-puzzle-75b", "--moe-backend", "flashinfer_b12x", "--max-model-len", "32768", "--gpu-memory-utilization", "0.5", "--trust-remote-code"]
+CMD ["vllm", "serve", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "nemotron-3-nano-30b", "--moe-backend", "flashinfer_b12x", "--max-model-len", "32768", "--gpu-memory-utilization", "0.5", "--dtype", "bfloat16", "--trust-remote-code", "--attention-config.use_trtllm_attention=false"]

@@ -83,8 +83,12 @@ ENV VIRTUAL_ENV=/opt/venv \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
     TORCH_CUDA_ARCH_LIST="12.0a" \
     MAX_JOBS=2
-ENV HF_HOME="/models/hf" \
+ENV DO_NOT_TRACK="1" \
+    FLASHINFER_NO_DOWNLOAD="1" \
+    HF_HOME="/models/hf" \
+    HF_HUB_OFFLINE="1" \
     TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas" \
-    VLLM_ENABLE_CUDA_COMPATIBILITY="0"
+    VLLM_ENABLE_CUDA_COMPATIBILITY="0" \
+    VLLM_NO_USAGE_STATS="1"
 EXPOSE 8000
-CMD ["vllm", "serve", "nvidia/NVIDIA-Nemotron-Labs-3-Puzzle-75B-A9B-NVFP4", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "nemotron-3-puzzle-75b", "--moe-backend", "marlin", "--max-model-len", "32768", "--gpu-memory-utilization", "0.9", "--trust-remote-code"]
+CMD ["vllm", "serve", "nvidia/NVIDIA-Nemotron-Labs-3-Puzzle-75B-A9B-NVFP4", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "nemotron-3-puzzle-75b", "--moe-backend", "marlin", "--max-model-len", "32768", "--gpu-memory-utilization", "0.9", "--trust-remote-code", "--attention-config.use_trtllm_attention=false"]

@@ -82,13 +82,17 @@ ENV VIRTUAL_ENV=/opt/venv \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
     TORCH_CUDA_ARCH_LIST="9.0a" \
     MAX_JOBS=2
-ENV HF_HOME="/models/hf" \
+ENV DO_NOT_TRACK="1" \
+    FLASHINFER_NO_DOWNLOAD="1" \
+    HF_HOME="/models/hf" \
+    HF_HUB_OFFLINE="1" \
     NCCL_CUMEM_ENABLE="0" \
     NCCL_NVLS_ENABLE="0" \
     NVSHMEM_DISABLE_NVLS="1" \
     TORCH_SYMM_MEM_DISABLE_MULTICAST="1" \
     TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas" \
     VLLM_ENABLE_CUDA_COMPATIBILITY="0" \
+    VLLM_NO_USAGE_STATS="1" \
     VLLM_WORKER_MULTIPROC_METHOD="spawn"
 EXPOSE 8000
-CMD ["vllm", "serve", "/models/tiny-llama-tp2pp2", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "tiny-llama", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2", "--max-model-len", "256", "--gpu-memory-utilization", "0.5", "--dtype", "bfloat16"]
+CMD ["vllm", "serve", "/models/tiny-llama-tp2pp2", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "tiny-llama", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2", "--max-model-len", "256", "--gpu-memory-utilization", "0.5", "--dtype", "bfloat16", "--attention-config.use_trtllm_attention=false"]

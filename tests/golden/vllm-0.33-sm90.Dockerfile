@@ -82,8 +82,12 @@ ENV VIRTUAL_ENV=/opt/venv \
     FLASHINFER_WORKSPACE_BASE="/opt/flashinfer-cache" \
     TORCH_CUDA_ARCH_LIST="9.0a" \
     MAX_JOBS=2
-ENV HF_HOME="/models/hf" \
+ENV DO_NOT_TRACK="1" \
+    FLASHINFER_NO_DOWNLOAD="1" \
+    HF_HOME="/models/hf" \
+    HF_HUB_OFFLINE="1" \
     TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas" \
-    VLLM_ENABLE_CUDA_COMPATIBILITY="0"
+    VLLM_ENABLE_CUDA_COMPATIBILITY="0" \
+    VLLM_NO_USAGE_STATS="1"
 EXPOSE 8000
-CMD ["vllm", "serve", "/models/tiny-llama", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "tiny-llama", "--max-model-len", "256", "--gpu-memory-utilization", "0.5", "--dtype", "bfloat16"]
+CMD ["vllm", "serve", "/models/tiny-llama", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "tiny-llama", "--max-model-len", "256", "--gpu-memory-utilization", "0.5", "--dtype", "bfloat16", "--attention-config.use_trtllm_attention=false"]
