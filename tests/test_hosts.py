@@ -32,7 +32,7 @@ from builder.hosts.drift import (
 )
 from builder.hosts.hostcheck import check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
-from builder.image.records import Record, save_record
+from builder.image.records import Record, load_record, save_record
 from builder.lock.lockfile import (
     Lock,
     LockedBase,
@@ -69,7 +69,7 @@ Typing_Extensions[x]==4.16.0 \\
 def _tested_and_pushed(build_dir: Path, stack: ResolvedStack, **record: Any) -> str:
     content_hash = render(stack).content_hash()
     fields: dict[str, Any] = {
-        "tests": "passed",
+        "static": "passed",
         "pushed": {REPO: f"{REPO}@{DIGEST}"},
         "served": [served(), served("cpu")],  # its GPU kind, and on CPU (--gpus none)
     }
@@ -255,8 +255,8 @@ def test_pins_of_different_hosts_are_different_files(stacks_dir: Path, tmp_path:
 @pytest.mark.parametrize(
     ("record", "message"),
     [
-        ({"tests": None}, "have not been run; only a tested image"),
-        ({"tests": "failed"}, "have failed"),
+        ({"static": None}, "have not been run; only an image whose static checks passed"),
+        ({"static": "failed"}, "have failed"),
         ({"pushed": {}}, "was never pushed"),
         ({"pushed": {"a/x": "a/x@" + DIGEST, "b/x": "b/x@" + DIGEST}}, "several registries"),
     ],
@@ -298,8 +298,8 @@ def test_a_pin_of_an_image_whose_gpu_smoke_was_skipped_needs_allow_unserved(
 ) -> None:
     """Static checks pass on a machine without the GPU; no served verdict: the pin is refused,
     and with --allow-unserved it goes through, says so and records it; `list` shows it."""
-    skipped = "skipped: no NVIDIA GPU on this host (/dev/nvidia0 is missing)"
-    _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir), smoke=skipped, served=[])
+    skipped = "no NVIDIA GPU on this host (/dev/nvidia0 is missing)"
+    _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir), unserved=skipped, served=[])
     refused = run_cli("pin", "gpu-node-07", STACK, stacks_dir=stacks_dir)
     assert refused.exit_code == 2 and "no passing served verdict on" in refused.output
     assert SERVED_GPU in refused.output and "only its static checks passed" in refused.output
@@ -309,6 +309,38 @@ def test_a_pin_of_an_image_whose_gpu_smoke_was_skipped_needs_allow_unserved(
     assert "allow_unserved: true" in (stacks_dir.parent / "hosts" / "gpu-node-07.yaml").read_text()
     listed = run_cli("list", stacks_dir=stacks_dir).output
     assert "skipped" in listed
+
+
+@pytest.mark.parametrize(
+    ("stack", "served_on", "message"),
+    [
+        (STACK, SERVED_GPU, f"no passing served verdict on {SERVED_GPU}: its smoke there failed"),
+        ("cpu-smoke", "cpu", "the smoke of sm120-stacks:cpu-smoke-"),
+    ],
+)
+def test_a_failed_smoke_lets_push_through_but_not_pin(
+    stacks_dir: Path,
+    tmp_path: Path,
+    run_cli: Callable[..., Result],
+    stack: str,
+    served_on: str,
+    message: str,
+) -> None:
+    """Push needs the static checks only (a failed smoke is a served failure, pushed with the
+    evidence); a pin needs a passing served verdict on the host's kind, on CPU for a CPU stack."""
+    from builder.image.records import require_tested
+
+    (stacks_dir / "cpu-smoke.yaml").write_text(f"extends: {STACK}\nsmoke:\n  needs_gpu: false\n")
+    build = tmp_path / "build"
+    content_hash = _tested_and_pushed(
+        build, resolve(stack, stacks_dir), served=[served(served_on, passed=False)]
+    )
+    record = load_record(build, stack, content_hash)
+    require_tested(record, stack, "refusing to push", hint="")  # push's gate: it goes through
+    result = run_cli("pin", "gpu-node-07", stack, stacks_dir=stacks_dir)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / "hosts").exists()
 
 
 @pytest.mark.parametrize(

@@ -27,14 +27,14 @@ def test_a_new_image_under_the_same_hash_is_untested_and_unpushed(tmp_path: Path
     another image; `push` and `pin` must not take the old image's test for it."""
     record = Record(stack="s", content_hash="a" * 64)
     record.attach_image("sha256:old")
-    record.tests, record.report = "passed", "report.json"
+    record.static, record.report = "passed", "report.json"
     record.pushed = {"r/sm120-stacks": "r/sm120-stacks@sha256:" + "1" * 64}
     save_record(tmp_path, record)
     again = load_record(tmp_path, "s", "a" * 64)
     again.attach_image("sha256:old")
-    assert again.tests == "passed" and again.pushed, "the same image keeps its history"
+    assert again.static == "passed" and again.pushed, "the same image keeps its history"
     again.attach_image("sha256:new")
-    assert (again.image_id, again.tests, again.report, again.pushed) == (
+    assert (again.image_id, again.static, again.report, again.pushed) == (
         "sha256:new",
         None,
         None,
@@ -73,9 +73,11 @@ def test_a_record_carries_its_schema_version(tmp_path: Path) -> None:
 
     from builder.image.records import RECORD_SCHEMA, record_path
 
-    path = save_record(tmp_path, Record(stack="s", content_hash="a" * 64, tests="passed"))
+    path = save_record(tmp_path, Record(stack="s", content_hash="a" * 64, static="passed"))
     assert path == record_path(tmp_path, "s", "a" * 64)
-    assert json.loads(path.read_text())["schema_version"] == RECORD_SCHEMA == 1
+    written = json.loads(path.read_text())
+    assert written["schema_version"] == RECORD_SCHEMA == 2
+    assert "tests" not in written and "smoke" not in written, "one verdict shape: Verdicts"
 
 
 def test_a_record_of_the_previous_version_is_read_as_version_1(tmp_path: Path) -> None:
@@ -97,8 +99,26 @@ def test_a_record_of_the_previous_version_is_read_as_version_1(tmp_path: Path) -
     }
     path.write_text(json.dumps(old))
     record = load_record(tmp_path, "s", "a" * 64)
-    assert record.tests == "passed" and record.pushed == old["pushed"]
-    assert record.schema_version == 1
+    assert record.static == "passed" and record.pushed == old["pushed"]
+    assert record.unserved == "no NVIDIA GPU" and record.served == []
+    assert record.schema_version == 2, "read as schema 2, written as schema 2"
+
+
+def test_a_schema_1_record_whose_tests_failed_asks_for_a_test_again(tmp_path: Path) -> None:
+    """Schema 1's `tests: failed` does not say whether the static checks or the smoke failed:
+    push refuses it as failed, naming `test`, rather than guessing it through."""
+    import json
+
+    from builder.image.records import record_path, require_tested
+
+    path = record_path(tmp_path, "s", "a" * 64)
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps({"schema_version": 1, "stack": "s", "content_hash": "a" * 64, "tests": "failed"})
+    )
+    record = load_record(tmp_path, "s", "a" * 64)
+    with pytest.raises(StackError, match="static checks of s have failed"):
+        require_tested(record, "s", "refusing", hint="run `sm120-stacks test s`")
 
 
 @pytest.mark.parametrize(
@@ -108,14 +128,21 @@ def test_a_record_of_the_previous_version_is_read_as_version_1(tmp_path: Path) -
         ("[1, 2]", None, "Input should be"),
         ('{"stack": "s", "content_hash": "' + "a" * 64 + '", "tests": 1}', "tests", "Input"),
         (
+            '{"schema_version": 2, "stack": "s", "content_hash": "' + "a" * 64 + '", '
+            '"tests": "passed"}',
+            "tests",
+            "unknown",
+        ),
+        ('{"stack": "s", "content_hash": "' + "a" * 64 + '", "static": "ok"}', "static", "Input"),
+        (
             '{"stack": "s", "content_hash": "' + "a" * 64 + '", "tested": "yes"}',
             "tested",
             "unknown",
         ),
         (
-            '{"schema_version": 2, "stack": "s", "content_hash": "' + "a" * 64 + '"}',
+            '{"schema_version": 3, "stack": "s", "content_hash": "' + "a" * 64 + '"}',
             "schema_version",
-            "schema_version 2",
+            "schema_version 3",
         ),
         ('{"stack": "other", "content_hash": "' + "a" * 64 + '"}', "stack", "'other'"),
     ],
@@ -198,7 +225,7 @@ def test_push_refuses_an_image_this_folder_did_not_test(tmp_path: Path) -> None:
     its image, which this folder never tested; this folder's verdict is not taken for it."""
     record = Record(stack="s", content_hash="a" * 64)
     record.attach_image("sha256:tested-here")
-    record.tests = "passed"
+    record.static = "passed"
     save_record(tmp_path, record)
     engine = _OneImageEngine("sha256:built-elsewhere", "a" * 64)
     with pytest.raises(StackError, match="have not been run; refusing to push an untested"):

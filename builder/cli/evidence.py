@@ -14,10 +14,12 @@ from builder.image.registry import Registry
 def print_verdicts(evidence: Evidence) -> None:
     """The verdicts a pull or pin relies on, as the registry's evidence gives them."""
     click.echo(f"evidence of {evidence.ref} ({evidence.found_by}):")
-    click.echo(f"  static: {evidence.static or 'not run'}  (tests: {evidence.tests or 'not run'})")
-    if not evidence.served:
-        click.echo("  served: never (no smoke ran the image's serve command)")
-    for verdict in evidence.served:
+    verdicts = evidence.verdicts
+    click.echo(f"  static: {verdicts.static or 'not run'}  (tests: {verdicts.tests or 'not run'})")
+    if not verdicts.served:
+        why = f": {verdicts.unserved}" if verdicts.unserved else ""
+        click.echo(f"  served: never (no smoke ran the image's serve command{why})")
+    for verdict in verdicts.served:
         speeds = (
             f"ttft {verdict.ttft_s} s, {verdict.single_stream_tok_s} tok/s single, "
             f"{verdict.batched_tok_s} tok/s batched"

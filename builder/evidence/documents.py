@@ -1,8 +1,8 @@
 """The three documents an image carries into the registry, each with its own media type.
 
-- The verdict document: the static verdict, every served verdict (GPU kind, driver, model,
-  serve arguments, compiles by kind, speeds) and the whole test report they came from, naming
-  the image digest it judged.
+- The verdict document (`VerdictDocument`, an image/verdicts.py `Verdicts`): the static
+  verdict, every served verdict (GPU kind, driver, model, serve arguments, compiles by kind,
+  speeds) and the whole test report they came from, naming the image digest it judged.
 - An SBOM in CycloneDX 1.6 JSON, made with CycloneDX's own library: every Python package of
   the lock with its hashes (a stack without a lock: what the image's pip lists, without
   hashes, and the SBOM says so), the base image by digest, the OS packages of the image's dpkg
@@ -20,8 +20,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ConfigDict, Field, model_validator
+
 from builder.image.names import source_revision
 from builder.image.records import Record
+from builder.image.verdicts import Verdicts
+from builder.spec.strict import Strict
 
 VERDICT_TYPE = "application/vnd.sm120-stacks.verdict.v1+json"
 SBOM_TYPE = "application/vnd.cyclonedx+json"
@@ -46,6 +50,42 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class JudgedImage(Strict):
+    repository: str
+    digest: str
+
+
+class VerdictDocument(Verdicts):
+    """The verdict document: the image's `Verdicts` (static, served by GPU kind, why unserved)
+    with the image it judged and the report they came from. Written by `push` (every verdict
+    of the record) and by `smoke --url --record` (one served verdict, no static); read back and
+    validated by evidence/reader.py, where a document that does not validate is refused."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    #: VERDICT_SCHEMA (evidence/reader.py checks it before the rest).
+    schema_: str = Field(alias="schema")
+    image: JudgedImage
+    stack: str
+    content_hash: str
+    floating_base: bool = False
+    report: dict[str, Any] | None = None
+    #: When it was pushed (UTC): what evidence/reader.py orders documents by (`recency`).
+    recorded_at: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_tests(cls, data: Any) -> Any:
+        """`tests` is written for readers from before `Verdicts` (`Verdicts.tests`, derived
+        from static and served): not read back."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k != "tests"}
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True) | {"tests": self.tests}
+
+
 def verdict_document(
     digest: str,
     repository: str,
@@ -54,18 +94,19 @@ def verdict_document(
     floating_base: bool,
 ) -> dict[str, Any]:
     """What the image passed: record's verdicts, the report they came from, the digest."""
-    return {
-        "schema": VERDICT_SCHEMA,
-        "image": {"repository": repository, "digest": digest},
-        "stack": record.stack,
-        "content_hash": record.content_hash,
-        "static": record.static,
-        "tests": record.tests,
-        "served": [v.model_dump(mode="json") for v in record.served],
-        "floating_base": floating_base,
-        "report": report,
-        "recorded_at": _now(),
-    }
+    verdicts = Verdicts(static=record.static, served=record.served, unserved=record.unserved)
+    return VerdictDocument(
+        schema_=VERDICT_SCHEMA,
+        image=JudgedImage(repository=repository, digest=digest),
+        stack=record.stack,
+        content_hash=record.content_hash,
+        static=verdicts.static,
+        served=verdicts.served,
+        unserved=verdicts.unserved,
+        floating_base=floating_base,
+        report=report,
+        recorded_at=_now(),
+    ).to_json()
 
 
 @dataclass(frozen=True)
@@ -274,6 +315,7 @@ __all__ = [
     "ImageContents",
     "ProvenanceInputs",
     "SbomInputs",
+    "VerdictDocument",
     "canonical",
     "git_commit",
     "parse_dpkg_status",

@@ -3,7 +3,8 @@
 `pull` and `pin` on a machine with no records of the image rely on this alone, so every
 artifact is checked before its word counts: its manifest and blob hash to their descriptors
 (oci.ArtifactStore), its `subject` is the image's own manifest, and the document inside names
-that same digest (a verdict copied from another image is refused, not merged). A missing
+that same digest (a verdict copied from another image is refused, not merged), and a verdict
+document must validate as evidence/documents.py's `VerdictDocument`. A missing
 verdict (an image pushed before evidence existed, or by `push` of another tool) is an error
 with the remedy.
 """
@@ -25,12 +26,14 @@ from builder.evidence.documents import (
     VERDICT_SCHEMA,
     VERDICT_TYPE,
     WARM_CACHE_TYPE,
+    VerdictDocument,
     sbom_summary,
 )
 from builder.evidence.oci import ArtifactStore, Descriptor, ManifestUnknown
 from builder.image.names import content_tag
-from builder.image.records import Record, ServedVerdict
+from builder.image.records import Record
 from builder.image.registry import Registry
+from builder.image.verdicts import Verdicts, merge, recency
 
 
 @dataclass
@@ -43,9 +46,8 @@ class Evidence:
     found_by: str
     stack: str
     content_hash: str
-    static: str | None
-    tests: str | None
-    served: list[ServedVerdict] = field(default_factory=list)
+    #: Every verdict document's verdicts, merged (image/verdicts.py `merge`).
+    verdicts: Verdicts = field(default_factory=Verdicts)
     floating_base: bool = False
     sbom: dict[str, int] | None = None
     provenance: dict[str, Any] | None = None
@@ -59,13 +61,15 @@ class Evidence:
 
     def record(self) -> Record:
         """The evidence as the record a build folder would hold after test and push."""
+        unserved = self.verdicts.unserved
+        if not self.verdicts.served and unserved is None:
+            unserved = "no served verdict in the registry"
         return Record(
             stack=self.stack,
             content_hash=self.content_hash,
-            tests=self.tests,
-            static=self.static,
-            served=self.served,
-            smoke=None if self.served else "skipped: no served verdict in the registry",
+            static=self.verdicts.static,
+            served=self.verdicts.served,
+            unserved=unserved,
             pushed={self.repository: self.ref},
         )
 
@@ -75,9 +79,8 @@ class Evidence:
             "found_by": self.found_by,
             "stack": self.stack,
             "content_hash": self.content_hash,
-            "static": self.static,
-            "tests": self.tests,
-            "served": [v.model_dump(mode="json") for v in self.served],
+            **self.verdicts.model_dump(mode="json"),
+            "tests": self.verdicts.tests,
             "floating_base": self.floating_base,
             "sbom": self.sbom,
             "provenance": self.provenance,
@@ -105,8 +108,8 @@ def read_evidence(
     tag = reference or (content_tag(stack, content_hash) if content_hash else stack)
     image = store.image(tag)
     artifacts, found_by = store.referrers(image.digest)
-    verdicts: list[dict[str, Any]] = []
-    evidence = Evidence(registry.repository, image.digest, found_by, stack, "", None, None)
+    verdicts: list[VerdictDocument] = []
+    evidence = Evidence(registry.repository, image.digest, found_by, stack, "")
     for descriptor in artifacts:
         manifest = store.manifest(descriptor)
         subject = (manifest.get("subject") or {}).get("digest")
@@ -143,30 +146,21 @@ def read_evidence(
     return evidence
 
 
-def _merge(evidence: Evidence, verdicts: list[dict[str, Any]], content_hash: str | None) -> None:
-    """The push's verdict gives static and tests; every verdict adds its served verdicts, the
-    newest per GPU kind winning."""
-    verdicts.sort(key=lambda v: str(v.get("recorded_at", "")))
-    for verdict in verdicts:
-        if content_hash is not None and verdict.get("content_hash") != content_hash:
+def _merge(evidence: Evidence, documents: list[VerdictDocument], content_hash: str | None) -> None:
+    """Every document's verdicts as one (verdicts.merge: the newest push's static verdict, the
+    newest served verdict per GPU kind); the newest push also says whether a base floated."""
+    documents = sorted(documents, key=lambda d: recency(d.recorded_at))
+    for document in documents:
+        if content_hash is not None and document.content_hash != content_hash:
             raise _refused(
                 evidence.digest,
-                f"a verdict is of content hash {verdict.get('content_hash')}, not {content_hash}",
+                f"a verdict is of content hash {document.content_hash}, not {content_hash}",
             )
-        evidence.stack = str(verdict.get("stack") or evidence.stack)
-        evidence.content_hash = str(verdict.get("content_hash") or "")
-        if verdict.get("static") is not None:
-            evidence.static = verdict["static"]
-            evidence.tests = verdict.get("tests")
-            evidence.floating_base = bool(verdict.get("floating_base"))
-        for raw in verdict.get("served") or []:
-            try:
-                served = ServedVerdict.model_validate(raw)
-            except ValidationError as exc:
-                why = f"a served verdict does not validate: {exc}"
-                raise _refused(evidence.digest, why) from None
-            evidence.served = [v for v in evidence.served if not v.on(served.gpu_kind)]
-            evidence.served.append(served)
+        evidence.stack = document.stack or evidence.stack
+        evidence.content_hash = document.content_hash
+        if document.static is not None:
+            evidence.floating_base = document.floating_base
+    evidence.verdicts = merge(documents)
 
 
 def _json(payload: bytes, descriptor: Descriptor, digest: str) -> dict[str, Any]:
@@ -179,14 +173,25 @@ def _json(payload: bytes, descriptor: Descriptor, digest: str) -> dict[str, Any]
     return data
 
 
-def _verdict(payload: bytes, digest: str, descriptor: Descriptor) -> dict[str, Any]:
+def _verdict(payload: bytes, digest: str, descriptor: Descriptor) -> VerdictDocument:
+    """The document, checked: of our schema, naming this image, and every field valid (what
+    the pusher wrote); else the evidence is refused, naming the document."""
     data = _json(payload, descriptor, digest)
     if data.get("schema") != VERDICT_SCHEMA:
         raise _refused(digest, f"verdict {descriptor.digest} is of schema {data.get('schema')}")
-    named = (data.get("image") or {}).get("digest")
+    image = data.get("image")
+    named = image.get("digest") if isinstance(image, dict) else None
     if named != digest:
         raise _refused(digest, f"verdict {descriptor.digest} is a report for {named}")
-    return data
+    try:
+        return VerdictDocument.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "(document)"
+        why = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        raise _refused(
+            digest, f"verdict {descriptor.digest} does not validate: {key}: {why}"
+        ) from None
 
 
 def _provenance(payload: bytes, digest: str, descriptor: Descriptor) -> dict[str, Any]:

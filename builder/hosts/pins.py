@@ -326,9 +326,17 @@ def _without_time(text: str) -> str:
 def _served_on(stack: ResolvedStack, record: Record, options: PinOptions, ref: str) -> str | None:
     """The GPU kind whose passing served verdict the pin relies on; None where the image never
     served on the host's kind and --allow-unserved says to pin it anyway (or, for a CPU stack,
-    whose smoke needs no GPU and whose test run passed, where no verdict was kept)."""
+    whose smoke needs no GPU and whose static checks passed, where no served verdict was kept).
+    A served verdict that failed there is refused: push let the image through on its static
+    checks, a pin must not put it in service."""
     if not stack.manifest.smoke.needs_gpu:
         cpu = record.served_on(CPU)
+        if cpu is not None and not cpu.passed:
+            raise StackError(
+                f"the smoke of {ref} failed (served on cpu, {cpu.source}, {cpu.at}); only its "
+                "static checks passed",
+                hint=f"fix the stack and run `sm120-stacks test {stack.name}` again, then push",
+            )
         return CPU if cpu is not None and cpu.passed else None
     if options.gpus == "none":  # the container gets no GPU: what it served on CPU counts
         options = replace(options, gpu_kind=CPU)
@@ -372,13 +380,14 @@ def make_pin(
     options: PinOptions,
     now: datetime | None = None,
 ) -> Pin:
-    """A pin of the stack's current image; refused unless it was tested and pushed."""
+    """A pin of the stack's current image; refused unless its static checks passed, it was
+    pushed, and it served on the host's GPU kind (or --allow-unserved)."""
     check_host_name(host)
     ref = local_ref(stack.name, content_hash)
     require_tested(
         record,
         ref,
-        "only a tested image can be pinned",
+        "only an image whose static checks passed can be pinned",
         hint=f"run `sm120-stacks test {stack.name}` then push it",
     )
     image = _pushed_digest(record, repository, ref, stack.name)

@@ -1,8 +1,10 @@
 """What happened to each content hash of a stack: built, tested, pushed.
 
 A small JSON file per (stack, content hash) under build/STACK/records/, written atomically, so
-`list`, `push` (refuses untested images) and `pin` (refuses unpushed ones) agree on the facts.
-Each file says its schema version; one that does not validate is an error naming it.
+`list`, `push` (refuses an image whose static checks did not pass) and `pin` (refuses unpushed
+ones) agree on the facts. A record is a `Verdicts` (image/verdicts.py) with the image, the
+report and the pushes. Each file says its schema version; one that does not validate is an
+error naming it.
 """
 
 from __future__ import annotations
@@ -11,102 +13,135 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.image.names import HASH_CHARS
+from builder.image.verdicts import CPU, ServedVerdict, Verdict, Verdicts, gpu_kind_key, merge
 from builder.spec import imageref
 from builder.spec.manifest import Sha256, Slug
-from builder.spec.strict import Strict
 
 #: repo@sha256:...: what `pin` copies into a pin; a hand-edited record is refused on reading.
 PushedRef = Annotated[str, StringConstraints(pattern=imageref.PINNED)]
 
-#: Records written before the field existed have schema 1's fields and are read as schema 1.
-RECORD_SCHEMA: Literal[1] = 1
-#: The GPU kind of a server without a GPU (a CPU stack's smoke).
-CPU = "cpu"
+#: Schema 2 keeps the verdicts as `Verdicts` (static, served, unserved). Schema 1 (and records
+#: written before the field existed) also had `tests` and `smoke`: still read (`_schema_1`).
+RECORD_SCHEMA: Literal[2] = 2
+READ_SCHEMAS = (1, RECORD_SCHEMA)
 
 
-def gpu_kind_key(kind: str) -> str:
-    """GPU kinds compare as nvidia-smi names them, case and spacing aside."""
-    return " ".join(kind.lower().split())
+class Schema1Words(BaseModel):
+    """The two fields schema 1 had and schema 2 has not, checked (the rest are schema 2's)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    tests: Verdict | None = None
+    smoke: str | None = None
 
 
-class ServedVerdict(Strict):
-    """The image served its own serve command and was judged: on what, with what, how well.
-
-    One per GPU kind the image served on: a host of that kind may be pinned to it. From
-    `test` (the tool started the server) or `smoke --url --record` (a deployed host's server).
-    """
-
-    #: The GPU's product name as nvidia-smi prints it (e.g. "NVIDIA RTX PRO 6000 Blackwell
-    #: Server Edition"), or "cpu".
-    gpu_kind: Annotated[str, StringConstraints(min_length=1, max_length=200)]
-    gpu_count: int = Field(ge=0)
-    #: Compute capability ("12.0"); None for cpu or where it could not be read.
-    capability: str | None = None
-    #: Streaming multiprocessors; None: not read (nvidia-smi does not print it).
-    sm_count: int | None = None
-    driver: str | None = None
-    #: The CUDA version of the image (its stack's); the driver's own is implied by `driver`.
-    cuda: str | None = None
-    model_id: str
-    model_revision: str | None = None
-    serve_args: list[str]
-    #: Runtime compiles the server's log showed, per kind (knowledge/runtime_compiles.yaml).
-    compiles: dict[str, int] = Field(default_factory=dict)
-    ttft_s: float | None = None
-    single_stream_tok_s: float | None = None
-    batched_tok_s: float | None = None
-    passed: bool
-    source: Literal["test", "smoke --url"]
-    at: str
-
-    def on(self, kind: str) -> bool:
-        return gpu_kind_key(self.gpu_kind) == gpu_kind_key(kind)
+def from_schema_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 had `tests` (static and smoke together: now `Verdicts.tests`, derived) and
+    `smoke` ("passed" or "failed", which the served verdict says, or "skipped: why", now
+    `unserved`). Records from before `static` existed passed their static checks where their
+    tests passed; where they failed, which part failed is not known, so static is taken as
+    failed: `push` refuses it and asks for `test` again."""
+    words = Schema1Words.model_validate(data)
+    tests, smoke = words.tests, words.smoke
+    kept = {k: v for k, v in data.items() if k not in ("tests", "smoke")}
+    if "static" not in kept and tests is not None:
+        kept["static"] = tests
+    if "unserved" not in kept:
+        kept["unserved"] = _unserved(smoke)
+    return kept | {"schema_version": RECORD_SCHEMA}
 
 
-class Record(Strict):
+def _unserved(smoke: str | None) -> str | None:
+    """Why no server ran, out of schema 1's smoke word ("skipped: no NVIDIA GPU")."""
+    if smoke is None or not smoke.startswith("skipped"):
+        return None
+    return smoke.partition(":")[2].strip() or smoke
+
+
+class Record(Verdicts):
+    """What happened to one content hash here: its image, its verdicts, where it was pushed."""
+
     #: Changed by the steps that record what they did (build, test, push); every change checked.
     model_config = ConfigDict(frozen=False, validate_assignment=True)
 
-    schema_version: Literal[1] = RECORD_SCHEMA
+    schema_version: Literal[2] = RECORD_SCHEMA
     stack: Slug
     content_hash: Sha256
     image_id: str | None = None
-    #: "passed" / "failed" / None (never tested), and where the report is.
-    tests: Literal["passed", "failed"] | None = None
+    #: Where the report of the test that gave the verdicts is.
     report: str | None = None
-    #: The smoke prompt's part of that verdict: "passed", "failed", or "skipped: why" (no GPU
-    #: here); a static pass with a skipped GPU smoke is still a pass, but says so.
-    smoke: str | None = None
-    #: The static verdict alone (image checks, locked set, JIT table): what `push` needs.
-    static: Literal["passed", "failed"] | None = None
-    #: Each served verdict, one per GPU kind (the last one judged on that kind).
-    served: list[ServedVerdict] = Field(default_factory=list)
     #: registry repository -> pushed digest (repo@sha256:...).
     pushed: dict[str, PushedRef] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schema_1(cls, data: Any) -> Any:
+        """A schema-1 record, read as schema 2 (see `from_schema_1`)."""
+        if not isinstance(data, dict) or data.get("schema_version", 1) != 1:
+            return data
+        return from_schema_1(data)
 
     def attach_image(self, image_id: str) -> None:
         """A rebuild of the same content hash (a moved base, --no-cache) or a pull can give a
         different image: what was tested or pushed was the old one, so that is forgotten."""
         if self.image_id is not None and self.image_id != image_id:
-            self.tests = None
+            self.take(Verdicts(), replace=True)
             self.report = None
-            self.smoke = None
-            self.static = None
-            self.served = []
             self.pushed = {}
         self.image_id = image_id
 
-    def add_served(self, verdict: ServedVerdict) -> None:
-        """The newest verdict on a GPU kind replaces the one before it."""
-        self.served = [v for v in self.served if not v.on(verdict.gpu_kind)] + [verdict]
+    def take(self, verdicts: Verdicts, replace: bool = False) -> None:
+        """Verdicts from a test run or the registry, merged with these (verdicts.merge: the
+        given static wins where it has one, the newest served verdict per GPU kind)."""
+        merged = verdicts if replace else merge([self, verdicts])
+        self.static, self.unserved = merged.static, merged.unserved
+        self.served = merged.served
 
-    def served_on(self, kind: str) -> ServedVerdict | None:
-        return next((v for v in self.served if v.on(kind)), None)
+    def add_served(self, verdict: ServedVerdict) -> None:
+        """One more served verdict (a test's smoke, or `smoke --url --record`)."""
+        self.take(Verdicts(served=[verdict]))
+
+    # --- schema 1's names, for callers not moved to `take` yet ----------------------------------
+
+    @property
+    def smoke(self) -> str | None:
+        """Schema 1's smoke word: "skipped: why", or what the served verdicts say."""
+        if self.unserved is not None:
+            return f"skipped: {self.unserved}"
+        if not self.served:
+            return None
+        return "passed" if all(v.passed for v in self.served) else "failed"
+
+    @smoke.setter
+    def smoke(self, value: str | None) -> None:
+        """ "skipped: why" records why no server ran; "passed"/"failed" are the served
+        verdict's word, which `add_served` records."""
+        self.unserved = _unserved(value)
+
+    @property
+    def tests(self) -> Verdict | None:
+        return super().tests
+
+    @tests.setter
+    def tests(self, value: Verdict | None) -> None:
+        """Schema 1's word, read from static and served (`Verdicts.tests`): "passed" means the
+        static checks passed, None that nothing was tested; "failed" adds nothing to what
+        static and served say. Here until verify/validate.py records a test with
+        `take(report.verdicts(served))`."""
+        if value != "failed":
+            self.static = value
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -132,11 +167,11 @@ def load_record(build_dir: Path, stack: str, content_hash: str) -> Record:
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise StackError(f"cannot read the record: {exc}", file=path, hint=again) from None
-    version = data.get("schema_version", RECORD_SCHEMA) if isinstance(data, dict) else None
-    if version is not None and not (type(version) is int and version == RECORD_SCHEMA):
+    version = data.get("schema_version", 1) if isinstance(data, dict) else None
+    if version is not None and not (type(version) is int and version in READ_SCHEMAS):
         raise StackError(
             f"schema_version {version!r}: this sm120-stacks reads records of schema "
-            f"{RECORD_SCHEMA}",
+            f"{' and '.join(map(str, READ_SCHEMAS))}",
             file=path,
             key="schema_version",
             hint=again,
@@ -146,8 +181,9 @@ def load_record(build_dir: Path, stack: str, content_hash: str) -> Record:
     except ValidationError as exc:
         first = exc.errors()[0]
         unknown = first["type"] == "extra_forbidden"
+        said = str(first.get("ctx", {}).get("error", first["msg"]))  # no "Value error, "
         raise StackError(
-            "unknown key" if unknown else first["msg"],
+            "unknown key" if unknown else said,
             file=path,
             key=".".join(str(part) for part in first["loc"]) or None,
             hint=again,
@@ -173,7 +209,24 @@ def save_record(build_dir: Path, record: Record) -> Path:
 
 
 def require_tested(record: Record, ref: str, action: str, hint: str) -> None:
-    """The one gate push and pin share: only an image whose tests passed goes further."""
-    if record.tests != "passed":
-        state = "failed" if record.tests == "failed" else "not been run"
-        raise StackError(f"the tests of {ref} have {state}; {action}", hint=hint)
+    """The one gate push and pin share: only an image whose static checks passed goes further.
+
+    A failed GPU smoke is a served verdict (failed) on that GPU kind: recorded, pushed with the
+    evidence, and no reason to hold back the image; `pin` then needs a passing served verdict
+    on the host's kind (hosts/pins.py)."""
+    if record.static != "passed":
+        state = "failed" if record.static == "failed" else "not been run"
+        raise StackError(f"the static checks of {ref} have {state}; {action}", hint=hint)
+
+
+__all__ = [
+    "CPU",
+    "RECORD_SCHEMA",
+    "Record",
+    "ServedVerdict",
+    "gpu_kind_key",
+    "load_record",
+    "record_path",
+    "require_tested",
+    "save_record",
+]

@@ -1,13 +1,16 @@
 """What `test` found: the static checks, the JIT-cache table and the smoke, as one JSON report.
 
 Plain data apart from the code that fills it, so the pytest plugin (run_checks.py) and the
-validator share it without importing each other.
+validator share it without importing each other. Its verdicts are image/verdicts.py's
+`Verdicts` (`TestReport.verdicts`), the type the record and the registry's document keep.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from builder.image.verdicts import ServedVerdict, Verdicts
 
 
 @dataclass
@@ -54,20 +57,37 @@ class TestReport:
 
     @property
     def static_passed(self) -> bool:
-        """The image checks, the locked set and the JIT table: what `push` needs."""
+        """The image checks, the locked set and the JIT table: what `push` needs (a failed
+        smoke is a served verdict, failed, and does not hold the push back)."""
         return all(c.passed or c.skipped for c in self.checks)
 
     @property
     def served(self) -> str:
         """passed / failed: the image served its own command and was judged; else why not."""
         if self.smoke is None:
-            return f"not served ({self.smoke_skipped or 'no smoke ran'})"
+            return f"not served ({self.unserved})"
         return "passed" if self.smoke.get("passed") else "failed"
 
     @property
+    def unserved(self) -> str | None:
+        """Why this test served nothing; None when its smoke ran."""
+        return None if self.smoke is not None else (self.smoke_skipped or "no smoke ran")
+
+    @property
     def passed(self) -> bool:
+        """`test`'s exit status: the static checks and the smoke, where one ran."""
         smoke_ok = self.smoke is None or bool(self.smoke.get("passed"))
         return self.static_passed and smoke_ok
+
+    def verdicts(self, served: ServedVerdict | None) -> Verdicts:
+        """What this test gives the record (`Record.take`): the static verdict and the served
+        verdict of its smoke (verify/served.py makes it: it needs the GPU the server ran on),
+        or why none."""
+        return Verdicts(
+            static="passed" if self.static_passed else "failed",
+            served=[] if served is None else [served],
+            unserved=self.unserved,
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -27,6 +27,7 @@ EV_TAMPER = unique("ev-tamper")
 EV_GPU = unique("ev-gpu")
 EV_URL = unique("ev-url")
 EV_OLD = unique("ev-old")
+EV_BAD = unique("ev-bad")
 #: Where scripts/host-setup.sh keeps the local registry's blobs.
 REGISTRY_DATA = Path("/var/lib/sm120-stacks/registry")
 
@@ -73,7 +74,7 @@ def _pushed_with_evidence(
 
     content_hash = render(resolve(name, workspace / "stacks")).content_hash()
     record = load_record(workspace / "build", name, content_hash)
-    record.tests, record.static, record.served = "passed", "passed", served
+    record.static, record.served = "passed", served
     save_record(workspace / "build", record)
     pushed = cli_process("push", name, "--registry", registry.host)
     assert "evidence: verdict" in pushed.stderr and "evidence: sbom" in pushed.stderr
@@ -139,9 +140,20 @@ def test_push_from_one_folder_pin_from_another_with_no_records(
     assert not store.has_referrers_api
     kinds = {a.annotation(documents.KIND_ANNOTATION) for a in store.referrers(digest)[0]}
     assert kinds == {"verdict", "sbom", "provenance"}
-    # pull in the second folder records the verdicts there.
-    pulled = _run_in(second_folder, cli_process, "pull", EV_CPU, "--registry", registry.host)
-    assert "static: passed" in pulled.stdout
+    # build --pull-or-build in the second folder reads the evidence as pull does, and records
+    # its verdicts there; so does pull.
+    from builder.render.context import render
+    from builder.spec.resolve import resolve
+
+    content_hash = render(resolve(EV_CPU, second_folder / "stacks")).content_hash()
+    kept = second_folder / "build"
+    for args in (("build", EV_CPU, "--pull-or-build"), ("pull", EV_CPU)):
+        pulled = _run_in(second_folder, cli_process, *args, "--registry", registry.host)
+        assert "static: passed" in pulled.stdout and "served on cpu" in pulled.stdout
+        assert "building" not in pulled.stdout
+        record = load_record(kept, EV_CPU, content_hash)
+        assert record.static == "passed" and [v.gpu_kind for v in record.served] == [CPU]
+        assert record.pushed == {registry.repository: f"{registry.repository}@{digest}"}
 
 
 def test_a_report_naming_another_digest_is_refused(
@@ -175,6 +187,47 @@ def test_a_report_naming_another_digest_is_refused(
     )
     with pytest.raises(Exception, match="is a report for sha256:abab"):
         read_evidence(registry, EV_OTHER, reference=digest)
+
+
+def test_a_malformed_verdict_document_is_refused_naming_it(
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    registry: Registry,
+    second_folder: Path,
+) -> None:
+    """A document of the verdict schema, naming the image, whose served verdict lacks its
+    fields (a hand-made or foreign document): `pull` and `build --pull-or-build` refuse the
+    evidence, exit 2, naming the document, and pull nothing."""
+    digest = _pushed_with_evidence(
+        EV_BAD, variant, cli_process, workspace, registry, [], body="env:\n  EVIDENCE_TEST: '4'"
+    )
+    _share(EV_BAD, workspace, second_folder)
+    store = ArtifactStore(registry)
+    malformed = {
+        "schema": documents.VERDICT_SCHEMA,
+        "image": {"repository": registry.repository, "digest": digest},
+        "stack": EV_BAD,
+        "content_hash": "0" * 64,
+        "served": [{"gpu_kind": "NVIDIA H200", "passed": "very"}],
+        "recorded_at": "2026-12-02T00:00:00Z",
+    }
+    attached = store.attach(
+        store.image(digest),
+        documents.VERDICT_TYPE,
+        documents.VERDICT_TYPE,
+        documents.canonical(malformed),
+        {documents.SUBJECT_ANNOTATION: digest},
+    )
+    for args in (("pull", EV_BAD), ("build", EV_BAD, "--pull-or-build")):
+        result = _run_in(
+            second_folder, cli_process, *args, "--registry", registry.host, check=False
+        )
+        assert result.returncode == 2, result.stdout + result.stderr
+        said = " ".join(result.stderr.split())
+        assert f"verdict {attached.digest} does not validate: served.0." in said
+        assert "Traceback" not in result.stderr and "building" not in result.stdout
+        assert not list((second_folder / "build").glob(f"{EV_BAD}/records/*.json"))
 
 
 def test_a_tampered_sbom_is_refused(
