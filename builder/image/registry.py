@@ -99,7 +99,7 @@ def push(
 
             def push_tag(tag: str = tag) -> str:
                 return _answered(
-                    "push", tag, lambda: engine.push(registry.repository, tag, progress)
+                    "push", tag, lambda: engine.push(registry.repository, tag, progress), registry
                 )
 
             # Every tag is sent (the moving tag too); the digest is the same image's for both.
@@ -141,7 +141,9 @@ def pull(
     tag = content_tag(stack, content_hash)
     _with_retries(
         registry,
-        lambda: _answered("pull", tag, lambda: engine.pull(registry.repository, tag, progress)),
+        lambda: _answered(
+            "pull", tag, lambda: engine.pull(registry.repository, tag, progress), registry
+        ),
     )
     image = engine.image(registry.ref(tag))
     if image is None:
@@ -184,14 +186,34 @@ def repo_digest(image: Image, registry: Registry) -> str | None:
     return None
 
 
-def _answered(action: str, tag: str, call: Callable[[], T]) -> T:
-    """call, with the registry's own refusal (anything not transient) as a RegistryError."""
+def _answered(action: str, tag: str, call: Callable[[], T], registry: Registry) -> T:
+    """call, with the registry's own refusal (anything not transient) as a RegistryError that
+    names the remedy where the engine's words give it away (a login, a CA)."""
     try:
         return call()
     except EngineError as exc:
         if is_transient(exc):
             raise
-        raise RegistryError(f"{action} of {tag} failed: {exc.explanation}") from None
+        remedy = _remedy(exc.explanation, registry.host)
+        raise RegistryError(
+            f"{action} of {tag} failed: {exc.explanation}"
+            + (f"\n  hint: {remedy}" if remedy else "")
+        ) from None
+
+
+def _remedy(explanation: str, host: str) -> str | None:
+    if _NO_LOGIN.search(explanation):
+        return f"log in as the engine's client reads it: docker login {host}"
+    if "x509" in explanation or "certificate signed by unknown authority" in explanation:
+        return (
+            f"trust the registry's CA where the engine reads it: /etc/docker/certs.d/{host}/ca.crt"
+        )
+    return None
+
+
+_NO_LOGIN = re.compile(
+    r"no basic auth credentials|unauthorized|authentication required|denied", re.IGNORECASE
+)
 
 
 def _with_retries(

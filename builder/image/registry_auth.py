@@ -54,13 +54,14 @@ def config_file(environ: Mapping[str, str] | None = None) -> Path:
 
 def credentials_for(host: str, environ: Mapping[str, str] | None = None) -> Credentials | None:
     """The login for host (HOST[:PORT]) that the Docker CLI would use; None when there is none."""
-    path = config_file(environ)
+    env = os.environ if environ is None else environ
+    path = config_file(env)
     config = _read_config(path)
     helpers = config.get("credHelpers") or {}
     helper = helpers.get(host) if isinstance(helpers, dict) else None
     helper = helper or config.get("credsStore")
     if isinstance(helper, str) and helper:
-        found = _from_helper(helper, host)
+        found = _from_helper(helper, host, env)
         if found is not None:
             return found
     auths = config.get("auths") or {}
@@ -116,9 +117,9 @@ def _from_entry(entry: dict[str, object], path: Path, key: str) -> Credentials |
     return None
 
 
-def _from_helper(helper: str, host: str) -> Credentials | None:
+def _from_helper(helper: str, host: str, env: Mapping[str, str]) -> Credentials | None:
     """Ask `docker-credential-HELPER get` (its protocol: the server on stdin, JSON out)."""
-    program = shutil.which(f"docker-credential-{helper}")
+    program = shutil.which(f"docker-credential-{helper}", path=env.get("PATH"))
     if program is None:
         raise StackError(
             f"the Docker client config names the credential helper {helper!r}, and "
@@ -134,6 +135,7 @@ def _from_helper(helper: str, host: str) -> Credentials | None:
             text=True,
             timeout=HELPER_TIMEOUT_S,
             check=False,
+            env=dict(env),
         )
     except subprocess.TimeoutExpired:
         raise StackError(

@@ -136,7 +136,10 @@ class RegistrySession:
             self.transport = TLS_UNVERIFIED
             self.http.verify = False
         else:
-            self.http.mount(f"https://{host}/", _trust_adapter(self._tls_context()))
+            # Every https URL, not only this host's: the token service a Bearer challenge
+            # names (often another host or port) is trusted as the registry is, as the
+            # engine's token fetch uses the registry's TLS settings.
+            self.http.mount("https://", _trust_adapter(self._tls_context()))
 
     @property
     def base(self) -> str:
@@ -300,10 +303,12 @@ class RegistrySession:
         if credentials is not None and credentials.identity_token:
             form = {**query, "grant_type": "refresh_token", "refresh_token": credentials.secret}
             form["client_id"] = "sm120-stacks"
-            answer = self.http.post(realm, data=form, timeout=timeout)
+            answer = self._ask_token_service("POST", realm, data=form, timeout=timeout)
         else:
             headers = {"Authorization": credentials.basic()} if credentials else {}
-            answer = self.http.get(realm, params=query, headers=headers, timeout=timeout)
+            answer = self._ask_token_service(
+                "GET", realm, params=query, headers=headers, timeout=timeout
+            )
         if answer.status_code in (401, 403):
             raise self._login_refused() if credentials else self._login_missing()
         try:
@@ -314,6 +319,28 @@ class RegistrySession:
                 f"the token service of {self.host} answered HTTP {answer.status_code} "
                 "without a token",
                 hint=f"check the login (`docker login {self.host}`)",
+            ) from None
+
+    def _ask_token_service(self, method: str, realm: str, **kwargs: Any) -> Any:
+        """The token request, its failures said as the registry's are (no traceback; the
+        realm's query and form, which may hold a secret, never in the message)."""
+        import requests
+
+        service = realm.split("?", 1)[0]
+        try:
+            return self.http.request(method, realm, **kwargs)
+        except requests.exceptions.SSLError as exc:
+            raise StackError(
+                f"the token service of {self.host} ({service}) has a TLS certificate not "
+                f"trusted here: {_ssl_reason(exc)}",
+                hint=f"put its CA certificate in {self.access.certs_d}/{self.host}/ca.crt or "
+                f"pass --ca-bundle FILE / {cabundle.ENV_VAR}=FILE",
+            ) from None
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise ToolMissing(
+                f"the token service of {self.host} ({service}) "
+                f"{_no_answer(exc, self.access.read_timeout)}",
+                hint="check the registry's token realm, or try again when it answers",
             ) from None
 
     def _login_missing(self) -> StackError:
@@ -351,9 +378,9 @@ def _trust_adapter(context: ssl.SSLContext) -> Any:
 
 def _load_ca(context: ssl.SSLContext, path: Path) -> None:
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StackError(f"cannot read the CA file ({exc})", file=path) from None
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise StackError(f"cannot read the CA file ({exc.strerror})", file=path) from None
     if "-----BEGIN CERTIFICATE-----" not in text:
         raise StackError(
             "this CA file is not PEM (no BEGIN CERTIFICATE)",
