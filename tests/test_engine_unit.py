@@ -15,7 +15,7 @@ import pytest
 from builder.engine.docker_adapter import DockerEngine, parse_progress_stream
 from builder.engine.hostprobe import Probe, gather
 from builder.engine.progress import StepTracker
-from builder.engine.protocol import ContainerSpec, Image, nvidia_runtimes
+from builder.engine.protocol import ContainerSpec, EngineHost, Image, nvidia_runtimes
 from builder.errors import EngineError, EngineNotFound, EngineUnreachable, StackError, ToolMissing
 from builder.hosts.hostcheck import check
 from builder.image.basepull import (
@@ -281,10 +281,10 @@ class _RuntimeEngine:
     def __init__(self, answer: list[str] | EngineError) -> None:
         self.answer = answer
 
-    def runtimes(self) -> list[str]:
+    def host(self) -> EngineHost:
         if isinstance(self.answer, EngineError):
             raise self.answer
-        return self.answer
+        return EngineHost(None, None, None, None, None, runtimes=tuple(self.answer))
 
 
 NO_GPU_PROBE = Probe(run=lambda argv: (127, ""), which=lambda name: None, cdi_dirs=())

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from builder.engine.hostprobe import Probe, gather, gpu_missing_reason
+from builder.engine.protocol import EngineHost
 from builder.errors import ToolMissing
 from builder.hosts.hostcheck import check, requirements_for
 from builder.verify import smoke
@@ -19,8 +20,8 @@ H200 = "0, NVIDIA H200, 580.159.04, 9.0\n"
 class _NoRuntimesEngine:
     """An engine that answers `docker info` with no nvidia runtime (CDI needs none)."""
 
-    def runtimes(self) -> list[str]:
-        return ["io.containerd.runc.v2", "runc"]
+    def host(self) -> EngineHost:
+        return EngineHost(None, None, None, None, None, runtimes=("io.containerd.runc.v2", "runc"))
 
 
 def _host(tmp_path: Path, *, smi: str | None, cdi: bool, hooks: Sequence[str] = ()) -> Probe:

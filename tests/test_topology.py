@@ -24,6 +24,7 @@ from click.testing import Result
 from builder.cli import hosts as cli_hosts
 from builder.cli.app import Settings
 from builder.engine.hostprobe import Probe
+from builder.engine.protocol import EngineHost
 from builder.errors import StackError
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding
@@ -545,8 +546,8 @@ def test_a_broken_knowledge_file_names_file_and_key(
 class _Engine:
     """An engine with the NVIDIA runtime: doctor's own prerequisites pass, no dockerd used."""
 
-    def runtimes(self) -> list[str]:
-        return ["nvidia", "runc"]
+    def host(self) -> EngineHost:
+        return EngineHost(None, None, None, None, None, runtimes=("nvidia", "runc"))
 
 
 def _executable(path: Path, text: str) -> None:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR
+from builder.engine.address import ENV, local_socket
 
 __all__ = ["main"]
 
@@ -30,12 +31,11 @@ def _noop_build(args: list[str]) -> bool:
     """True when `build STACK`, with no option, was found up to date from file metadata."""
     if len(args) != 2 or args[0] != "build" or args[1].startswith("-"):
         return False
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not host.startswith("unix://"):
+    socket_path = local_socket(os.environ.get(ENV) or None)
+    if socket_path is None:
         return False
     from builder.image.uptodate import still_built
 
-    socket_path = host.removeprefix("unix://")
     ref = still_built(DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR, args[1], socket_path)
     if ref is None:
         return False

@@ -23,7 +23,9 @@ import re
 from builder.errors import StackError
 
 ENV = "DOCKER_HOST"
-DEFAULT = "unix:///var/run/docker.sock"
+#: The local engine's socket, and its address: the engine meant wherever an address is None.
+DEFAULT_SOCKET = "/var/run/docker.sock"
+DEFAULT = f"unix://{DEFAULT_SOCKET}"
 _HOST = r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]"
 ADDRESS = re.compile(
     r"^(?:unix://(?P<path>/[A-Za-z0-9_./+-]+)"
@@ -52,6 +54,20 @@ def from_environment() -> str | None:
 def client_env(address: str | None) -> dict[str, str]:
     """What a client this tool starts (the build client) needs to reach the same engine."""
     return {ENV: address} if address else {}
+
+
+def local_socket(address: str | None) -> str | None:
+    """The path of the unix socket an engine on this machine listens on (None: the default);
+    None for an engine elsewhere (ssh://, tcp://) or an address of no known form."""
+    if address is None:
+        return DEFAULT_SOCKET
+    return address.removeprefix("unix://") if address.startswith("unix://") else None
+
+
+def is_local(address: str | None) -> bool:
+    """Whether the engine runs on this machine (a unix socket here): its host's devices,
+    files and processes are this machine's."""
+    return local_socket(address) is not None
 
 
 def is_ssh(address: str | None) -> bool:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from builder.engine.address import DEFAULT as DEFAULT_ADDRESS
-from builder.engine.address import is_ssh
+from builder.engine.address import is_ssh, local_socket
 from builder.engine.protocol import (
     INSTALL_HINT,
     Container,
@@ -30,7 +30,6 @@ from builder.engine.protocol import (
 from builder.engine.socket_api import SocketApi
 from builder.errors import EngineError, EngineNotFound, EngineUnreachable, ToolMissing
 
-DEFAULT_SOCKET = "/var/run/docker.sock"
 #: Engine API timeout: a push or pull of a multi-GB layer is one slow request.
 API_TIMEOUT_S = 600
 NANOSECONDS = 1_000_000_000
@@ -44,7 +43,7 @@ def connect_engine(address: str | None) -> DockerEngine:
     (`address.from_environment`). An ssh:// engine is reached through this machine's ssh
     client, as the docker CLI reaches it (the user's agent and ~/.ssh/config). A local socket
     is pinged without the SDK, which is imported only when an operation needs it."""
-    socket_path = _local_socket(address)
+    socket_path = local_socket(address)
     if socket_path is not None:
         try:
             SocketApi(socket_path).ping()
@@ -129,15 +128,6 @@ def _unreachable(where: str | None, exc: Exception) -> ToolMissing:
         f"cannot reach a Docker engine{at} ({exc.__class__.__name__}: {str(exc)[:200]})",
         hint=INSTALL_HINT + "; set DOCKER_HOST (or --engine) if it listens elsewhere",
     )
-
-
-def _local_socket(where: str | None) -> str | None:
-    """The unix socket path of a local engine address (None for tcp:// or ssh://)."""
-    if where is None:
-        return DEFAULT_SOCKET
-    if where.startswith("unix://"):
-        return where.removeprefix("unix://")
-    return None
 
 
 def split_tag(ref: str) -> tuple[str, str | None]:
@@ -289,9 +279,6 @@ class DockerEngine:
         with _engine_errors():
             self.sdk.ping()
 
-    def runtimes(self) -> list[str]:
-        return list(self.host().runtimes)
-
     def host(self) -> EngineHost:
         with _engine_errors():
             info = self.sdk.info() or {}
@@ -372,7 +359,9 @@ class DockerEngine:
         if volume is not None:
             filters["volume"] = volume
         with _engine_errors():
-            found = self.sdk.containers.list(all=True, filters=filters)
+            # ignore_removed: one removed between the listing and its inspect (a run's own,
+            # or another run's reaper at work) is not an error, it is simply not there.
+            found = self.sdk.containers.list(all=True, filters=filters, ignore_removed=True)
         return [DockerContainer(c) for c in found]
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.engine.address import is_ssh, ssh_destination
+from builder.engine.address import is_local, is_ssh, ssh_destination
 from builder.engine.protocol import Engine, nvidia_runtimes
 from builder.errors import EngineError
 
@@ -79,7 +79,7 @@ def probe_for(address: str | None) -> Probe:
     """How the facts of an engine's host are read: here for a local socket; over ssh, with this
     machine's ssh client, for an ssh:// engine; for a tcp:// engine nothing but the engine can
     be asked, and the probe says so rather than read this machine's devices instead."""
-    if address is None or address.startswith("unix://"):
+    if address is None or is_local(address):
         return Probe()
     if not is_ssh(address):
         return Probe(run=lambda argv: (127, ""), which=lambda name: None, cdi_dirs=())

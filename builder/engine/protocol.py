@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal, Protocol
 
+from builder.engine.address import is_local
 from builder.errors import EngineError, EngineNotFound, EngineUnreachable, RegistryUnreachable
 
 INSTALL_HINT = (
@@ -199,7 +200,7 @@ class EngineHost:
     @property
     def local(self) -> bool:
         """Whether the engine runs on this machine (a unix socket here)."""
-        return self.address is None or self.address.startswith("unix://")
+        return is_local(self.address)
 
 
 class Engine(Protocol):
@@ -212,10 +213,6 @@ class Engine(Protocol):
 
     def host(self) -> EngineHost:
         """The engine's machine: CPUs, memory, OS and architecture, runtimes."""
-        ...
-
-    def runtimes(self) -> list[str]:
-        """Names of the container runtimes the engine has registered (`docker info`)."""
         ...
 
     def image(self, ref: str) -> Image | None:
@@ -267,4 +264,4 @@ def nvidia_runtimes(engine: Engine) -> list[str]:
     """The engine's registered NVIDIA runtimes (`nvidia`, and `nvidia-cdi` and the like that
     `nvidia-ctk runtime configure` adds). An engine that cannot answer raises EngineError: not
     knowing is not the same as having none, and is reported as what went wrong."""
-    return sorted(name for name in engine.runtimes() if "nvidia" in name)
+    return sorted(name for name in engine.host().runtimes if "nvidia" in name)

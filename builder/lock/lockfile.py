@@ -21,11 +21,12 @@ import sys
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, StringConstraints
 
+from builder.engine.protocol import Engine
 from builder.errors import (
     EngineError,
     EngineNotFound,
@@ -234,7 +235,7 @@ def floating_bases(stack: ResolvedStack, lock: Lock | None) -> list[str]:
 
 
 def refresh_bases(
-    stack: ResolvedStack, lock: Lock, engine: RegistryDigests | None
+    stack: ResolvedStack, lock: Lock, engine: Engine | None
 ) -> tuple[Lock, list[str]]:
     """The lock with each base's digest asked of its registry again (no package resolution):
     a digest the registry gives replaces the locked one (said, with both); a registry that
@@ -409,16 +410,7 @@ def lock_requirements(lock: Lock, part: Literal["heavy", "packages"]) -> str:
 # --- making ------------------------------------------------------------------------------------
 
 
-class RegistryDigests(Protocol):
-    """The one engine operation locking needs. Declared here, not taken from builder.image
-    (a later step): the image step's Engine provides it."""
-
-    def registry_digest(self, ref: str) -> str: ...
-
-
-def make_lock(
-    stack: ResolvedStack, engine: RegistryDigests | None, prefer: Lock | None = None
-) -> Lock:
+def make_lock(stack: ResolvedStack, engine: Engine | None, prefer: Lock | None = None) -> Lock:
     """Resolve the stack's complete dependency set (uv) and its base digests (engine).
 
     With `prefer`, uv starts from that lock's versions and moves only what this stack's
@@ -498,7 +490,7 @@ def write_lock(path: Path, lock: Lock) -> None:
     write_atomic(path, text)
 
 
-def resolve_base(image: str, digest: str | None, engine: RegistryDigests | None) -> LockedBase:
+def resolve_base(image: str, digest: str | None, engine: Engine | None) -> LockedBase:
     """The registry's digest for image. Without an engine, or when the registry cannot be
     reached at all, the image as given, its note saying so; any other failure (authentication,
     no such image or tag) is a StackError naming the image."""

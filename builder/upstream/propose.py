@@ -25,9 +25,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder.engine.protocol import Engine
 from builder.errors import StackError
 from builder.files import write_atomic
-from builder.lock.lockfile import Lock, RegistryDigests, make_lock, write_lock
+from builder.lock.lockfile import Lock, make_lock, write_lock
 from builder.spec.check import CheckResult, check_stack, violation_error
 from builder.spec.resolve import STACK_NAME, ResolvedStack, deep_merge, resolve
 from builder.spec.rules import Rule
@@ -120,7 +121,7 @@ def propose(
     *,
     drops: list[str] | None = None,
     lock: bool = True,
-    engine: RegistryDigests | None = None,
+    engine: Engine | None = None,
     substitutions: Substitutions | None = None,
     command: str = "",
 ) -> Proposal:

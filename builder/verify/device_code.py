@@ -12,12 +12,12 @@ one matters, is knowledge (knowledge/device_code.yaml).
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
-from builder.engine.protocol import ContainerSpec, Engine
+from builder.engine.protocol import Engine
+from builder.engine.throwaway import ThrowawayFailed, run_throwaway
 from builder.errors import EngineError
 from builder.render.context import VENV
 from builder.spec.device_code import device_code_knowledge, gpu_targets
@@ -52,26 +52,15 @@ def scan_image(engine: Engine, stack: ResolvedStack, image_ref: str) -> dict[str
     could not run is {"error": why}, never a lost test report."""
     budget = device_code_knowledge().scan.budget_s
     try:
-        container = engine.run(
-            ContainerSpec(image=image_ref, command=tuple(scan_command(stack)), network_mode="none")
+        finished = run_throwaway(
+            engine, image_ref, scan_command(stack), timeout_s=budget + CONTAINER_SLACK_S
         )
-    except EngineError as exc:
-        return {"error": f"the scan's container did not start: {exc}"[:500]}
+    except EngineError as exc:  # not started, or not finished in time (the engine's timeout)
+        return {"error": f"the scan did not run to its end: {exc}"[:500]}
     try:
-        status = container.wait(timeout=budget + CONTAINER_SLACK_S)
-        output = container.logs(stdout=True, stderr=False).decode(errors="replace")
-        if status != 0:
-            tail = container.logs(stdout=False, stderr=True).decode(errors="replace")[-300:]
-            return {"error": f"the scan exited {status}: {tail}"}
-    except Exception as exc:  # an engine timeout or a vanished container: a note, not a crash
-        return {"error": f"the scan did not finish: {type(exc).__name__}: {exc}"[:500]}
-    finally:
-        with contextlib.suppress(EngineError):
-            container.remove(force=True)
-    lines = [line for line in output.splitlines() if line.startswith("{")]
-    if not lines:
-        return {"error": f"the scan printed no result: {output[-300:]!r}"}
-    return dict(json.loads(lines[-1]))
+        return finished.checked().last_json()
+    except ThrowawayFailed as exc:
+        return {"error": f"the scan gave no result: {exc}"[:500]}
 
 
 def finding_rows(scan: dict[str, Any]) -> list[CacheRow]:

@@ -21,7 +21,6 @@ says so in a note.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -29,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.engine.protocol import Container, ContainerSpec, Engine
-from builder.errors import EngineError
+from builder.engine.protocol import Container, Engine
+from builder.engine.throwaway import json_result, read_json
 from builder.render.context import VENV
 from builder.spec.resolve import ResolvedStack
 from builder.spec.runtime_caches import (
@@ -43,6 +42,8 @@ from builder.spec.runtime_caches import (
 from builder.verify import cache_listing
 
 STATUSES = ("hit", "miss", "removed", "listed")
+#: Seconds a listing's throwaway container may take (it reads one folder tree).
+LISTING_TIMEOUT_S = 300
 
 
 # --- names -------------------------------------------------------------------------------------
@@ -523,21 +524,6 @@ class DirectoryWatch(KernelCacheWatch):
         return list_directory(self.layout, self.root)
 
 
-#: Runs argv in a running container, returning its stdout (default: `docker exec` via testinfra,
-#: as the static checks reach their container).
-ExecIn = Callable[[Container, list[str]], str]
-
-
-def docker_exec(container: Container, argv: list[str]) -> str:
-    import testinfra  # pytest-testinfra: paid only when a GPU smoke lists a cache
-
-    host = testinfra.get_host(f"docker://{container.id}")
-    result = host.run(" ".join(["%s"] * len(argv)), *argv)
-    if result.rc != 0:
-        raise RuntimeError(f"exit status {result.rc}: {result.stderr.strip()[-300:]}")
-    return str(result.stdout)
-
-
 class ContainerWatch(KernelCacheWatch):
     """The server's own workspace inside the container being tested: before the smoke in a
     throwaway container of the image (what the smoke's container starts with), after it in the
@@ -550,13 +536,11 @@ class ContainerWatch(KernelCacheWatch):
         version: str | None,
         engine: Engine,
         image_ref: str,
-        exec_in: ExecIn = docker_exec,
     ):
         where = f"container {layout.workspace.env}/{layout.workspace.below}"
         super().__init__(cache_id, layout, version, where)
         self.engine = engine
         self.image_ref = image_ref
-        self.exec_in = exec_in
 
     def _where(self) -> str:
         listing = self.after_listing or self.before_listing
@@ -565,30 +549,15 @@ class ContainerWatch(KernelCacheWatch):
     def _list(self, container: Container | None) -> Listing:
         argv = listing_command(self.layout)
         if container is None:
-            return _parse(_run_capture(self.engine, self.image_ref, argv))
+            found = read_json(self.engine, self.image_ref, argv, timeout_s=LISTING_TIMEOUT_S)
+            return Listing.from_json(found)
         container.reload()
         if not container.attrs.get("State", {}).get("Running"):
             raise RuntimeError("the smoke's container had stopped")
-        return _parse(self.exec_in(container, argv))
-
-
-def _run_capture(engine: Engine, image_ref: str, argv: list[str]) -> str:
-    container = engine.run(ContainerSpec(image=image_ref, command=tuple(argv), network_mode="none"))
-    try:
-        status = container.wait(timeout=300)
+        status, output = container.exec(argv)
         if status != 0:
-            raise RuntimeError(f"exit status {status}: {container.logs(stdout=False)[-300:]!r}")
-        return container.logs(stdout=True, stderr=False).decode()
-    finally:
-        with contextlib.suppress(EngineError):  # gone already: nothing to clean up
-            container.remove(force=True)
-
-
-def _parse(output: str) -> Listing:
-    lines = [line for line in output.splitlines() if line.startswith("{")]
-    if not lines:
-        raise RuntimeError(f"no listing in the output: {output[-300:]!r}")
-    return Listing.from_json(json.loads(lines[-1]))
+            raise RuntimeError(f"exit status {status}: {output.strip()[-300:]}")
+        return Listing.from_json(json_result(output))
 
 
 @dataclass
@@ -646,13 +615,11 @@ def _applying(stack: ResolvedStack) -> list[tuple[str, CacheLayout, str]]:
     ]
 
 
-def container_watch(
-    engine: Engine, image_ref: str, stack: ResolvedStack, exec_in: ExecIn = docker_exec
-) -> CacheWatches | None:
+def container_watch(engine: Engine, image_ref: str, stack: ResolvedStack) -> CacheWatches | None:
     """The watch for `test`'s GPU smoke: every layout the stack's package versions have; None
     when none (a stack whose FlashInfer keeps no such cache, or one nobody read)."""
     watches: list[KernelCacheWatch] = [
-        ContainerWatch(cache_id, layout, version, engine, image_ref, exec_in)
+        ContainerWatch(cache_id, layout, version, engine, image_ref)
         for cache_id, layout, version in _applying(stack)
     ]
     return CacheWatches(watches) if watches else None
@@ -690,7 +657,6 @@ __all__ = [
     "classify",
     "container_watch",
     "directory_watch",
-    "docker_exec",
     "group_patterns",
     "layouts_of",
     "list_directory",

@@ -22,7 +22,9 @@ from typing import Any
 import certifi
 
 from builder.engine.hostprobe import gather
+from builder.engine.owner import owned, reap_orphans
 from builder.engine.protocol import ContainerSpec, Engine
+from builder.engine.throwaway import run_throwaway
 from builder.errors import OperationFailed, StackError
 from builder.files import write_atomic
 from builder.image.build import find_image
@@ -33,7 +35,6 @@ from builder.render.context import RenderedContext
 from builder.spec.resolve import ResolvedStack
 from builder.verify.device_code import device_code_finding
 from builder.verify.expectations import expectations
-from builder.verify.owner import OWNER_LABEL, owner, reap_orphans
 from builder.verify.report import CacheRow, CheckResult, TestReport
 from builder.verify.served import served_verdict
 
@@ -61,13 +62,15 @@ def run_static_checks(
     # cannot mix into `test --json`'s report on stdout.
     reap_orphans(engine, lambda line: print(line, file=sys.stderr))
     container = engine.run(
-        ContainerSpec(
-            image=image_ref,
-            entrypoint=("sleep",),
-            command=("infinity",),
-            name=f"sm120-check-{stack.name}-{uuid.uuid4().hex[:8]}",
-            labels={"sm120-stacks.check": stack.name, OWNER_LABEL: owner()},
-            network_mode="none",
+        owned(
+            ContainerSpec(
+                image=image_ref,
+                entrypoint=("sleep",),
+                command=("infinity",),
+                name=f"sm120-check-{stack.name}-{uuid.uuid4().hex[:8]}",
+                labels={"sm120-stacks.check": stack.name},
+                network_mode="none",
+            )
         )
     )
     try:
@@ -163,17 +166,10 @@ def add_smoke(report: TestReport, outcome: dict[str, Any] | str) -> None:
 
 
 def run_capture(engine: Engine, image_ref: str, command: list[str]) -> str:
-    # Owned, so that one left behind by a killed run (a push SIGKILLed while it lists the
-    # image's contents for the SBOM) is removed by the next smoke or check (verify/owner.py).
-    spec = ContainerSpec(
-        image=image_ref, command=tuple(command), network_mode="none", labels={OWNER_LABEL: owner()}
-    )
-    container = engine.run(spec)
-    try:
-        container.wait(timeout=600)
-        return container.logs(stdout=True, stderr=False).decode()
-    finally:
-        container.remove(force=True)
+    """command's stdout in a throwaway container of the image, whatever its exit status: the
+    module verification exits 1 on a miss after printing every row; push lists the image's
+    contents for the SBOM (evidence/attach.py)."""
+    return run_throwaway(engine, image_ref, command, timeout_s=600).stdout
 
 
 #: Public certificate sets a host bundle is made from: Mozilla's, as certifi ships it and as

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from builder.engine.owner import owned
 from builder.engine.protocol import Container, ContainerSpec, Engine, Mount
 from builder.errors import EngineError, OperationFailed, StackError
 from builder.spec.cache_volume import CacheVolume
@@ -187,6 +188,9 @@ def open_volume(
 ) -> Iterator[VolumeAccess]:
     """A helper container of image with volume at /w; removed on leaving. A helper a killed
     run left behind on this volume is removed first (at most one operation per volume)."""
+    # Not engine/owner.py's reaper alone: a dead run's helper still sleeps (running, which
+    # the reaper leaves), and a second operation must not share a volume with it. It carries
+    # the owner label too, so the reaper removes it once it exits if no one opens the volume.
     for stale in engine.containers(label=f"{HELPER_LABEL}={volume}"):
         _remove(stale)
     spec = ContainerSpec(
@@ -203,7 +207,7 @@ def open_volume(
         user="0:0",
     )
     try:
-        container = engine.run(spec)
+        container = engine.run(owned(spec))
     except EngineError as exc:
         raise StackError(
             f"cannot open the cache volume {volume} on this engine: {exc.explanation}",

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from builder.engine.docker_adapter import DockerEngine
+from builder.engine.owner import OWNER_LABEL, reap_orphans
 from builder.spec.resolve import resolve
-from builder.verify.owner import OWNER_LABEL, reap_orphans
 from builder.verify.smoke import gpu_available, run_smoke
 from builder.verify.smoke_report import CHECK_START
 from tests.engine.conftest import unique
