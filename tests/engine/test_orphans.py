@@ -90,14 +90,16 @@ def test_an_exited_container_of_a_dead_run_is_removed_and_no_other(
     removed = {o.name: o for o in reap_orphans(engine, said.append)}
     # Others' orphans on this engine may go too (a push SIGKILLed by the fault tests leaves
     # its listing container behind): that is the reaper's job. Ours must, the kept ones not.
-    assert orphan.name in removed
-    assert removed[orphan.name].owner == dead and removed[orphan.name].state == "exited"
-    assert not {alive.name, running.name, elsewhere.name} & set(removed)
+    # Another run's reaper on this shared engine (every throwaway reaps first) may have been
+    # quicker: then it is gone all the same.
     assert not exists(api, orphan.name)
+    if orphan.name in removed:
+        assert removed[orphan.name].owner == dead and removed[orphan.name].state == "exited"
+        assert any(orphan.name in line and dead in line for line in said), said
+    assert not {alive.name, running.name, elsewhere.name} & set(removed)
     for kept in (alive, running, elsewhere):
         assert exists(api, kept.name), f"{kept.name} was removed"
     assert len(said) == len(removed)
-    assert any(orphan.name in line and dead in line for line in said), said
 
 
 def test_the_next_smoke_removes_what_a_dead_run_left(
@@ -125,6 +127,5 @@ def test_the_next_smoke_removes_what_a_dead_run_left(
         log=said.append,
     )
     assert {c.name for c in report.failed()} == {CHECK_START}  # the engine has no GPUs
-    assert not exists(api, orphan.name)
+    assert not exists(api, orphan.name)  # by this smoke's reaper, or another run's first
     assert exists(api, alive.name)
-    assert any(orphan.name in line for line in said), said
