@@ -27,6 +27,7 @@ from builder.engine import address
 from builder.engine.address import check_address
 from builder.engine.hostprobe import Probe, gather, probe_for
 from builder.errors import StackError
+from builder.evidence.trust import host_policy
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
@@ -341,7 +342,12 @@ def deploy(
         for pinned in pins:
             click.echo(write_k8s(pinned, out_of(pinned), gpu_product))
         return
-    warm = WarmPolicy(require=require_warm, cold=cold, default_engine=settings.engine_address())
+    warm = WarmPolicy(
+        require=require_warm,
+        cold=cold,
+        default_engine=settings.engine_address(),
+        trust=host_policy(folder) if apply_now and not cold else None,
+    )
     deploy_pins(
         settings, folder, pins, out_of, apply_now, not no_smoke, gate_timeout, as_json, warm
     )

@@ -8,7 +8,14 @@ from pathlib import Path
 import click
 
 from builder.cli.app import Settings, cli, pass_settings, user_errors
-from builder.evidence.keys import generate_key_pair, load_public_key
+from builder.evidence.keys import (
+    SIGNING_KEY_ENV,
+    SigningKey,
+    generate_key_pair,
+    load_public_key,
+    load_signing_key,
+    signing_key_path,
+)
 from builder.evidence.trust import load_policy, policy_path, policy_schema
 
 
@@ -70,3 +77,21 @@ def check_cmd(settings: Settings, policy: Path | None) -> None:
     for purpose, per_kind in (("served", loaded.served), ("warm", loaded.warm)):
         for kind, names in per_kind.items():
             click.echo(f"{purpose} on {kind}: {', '.join(names) or 'nobody'}")
+
+
+#: How a signing command is given its private key: the path of a FILE (a mounted secret, a
+#: file of mode 0600), never the key; the variable names a file too.
+signing_key_option = click.option(
+    "--signing-key",
+    "signing_key",
+    metavar="FILE",
+    envvar=SIGNING_KEY_ENV,
+    help="The private key (NAME.key of `keys generate`) to sign with: a file path, never the "
+    f"key itself (env {SIGNING_KEY_ENV}, also a path).",
+)
+
+
+def read_signing_key(value: str | None) -> SigningKey | None:
+    """The key --signing-key (or its variable) names; None when neither is set."""
+    path = signing_key_path(value, "--signing-key")
+    return None if path is None else load_signing_key(path)

@@ -12,6 +12,7 @@ import sys
 import click
 
 from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
+from builder.cli.keys import read_signing_key, signing_key_option
 from builder.engine.protocol import Engine
 from builder.hosts import remote
 from builder.hosts.pins import Pin, load_pin
@@ -35,17 +36,20 @@ def _pinned(settings: Settings, host: str) -> tuple[Pin, Engine]:
 
 @cache_group.command("capture")
 @click.argument("host")
+@signing_key_option
 @engine_option
 @pass_settings
 @user_errors
-def capture(settings: Settings, host: str) -> None:
+def capture(settings: Settings, host: str, signing_key: str | None) -> None:
     """Push what HOST's server wrote into its cache volume as one artifact beside its pinned
-    image, keyed by the image, GPU, driver, model, serve command and mount path.
+    image, keyed by the image, GPU, driver, model, serve command and mount path, and signed
+    with --signing-key (hosts with a trust policy restore only what a key it names signed).
 
     Run it after a served smoke (`smoke STACK --url URL`), once warm-up has finished.
     """
+    signer = read_signing_key(signing_key)  # before anything is read or pushed
     pin, engine = _pinned(settings, host)
-    click.echo(capture_pin(pin, engine, settings.engine_address()))
+    click.echo(capture_pin(pin, engine, settings.engine_address(), signer))
 
 
 @cache_group.command("list")

@@ -107,6 +107,12 @@ def policy_path(hosts_dir: Path) -> Path:
     return hosts_dir / POLICY_FILE
 
 
+def host_policy(hosts_dir: Path) -> TrustPolicy | None:
+    """The hosts folder's trust policy; None where it has none (nothing is then verified)."""
+    path = policy_path(hosts_dir)
+    return load_policy(path) if path.exists() else None
+
+
 def load_policy(path: Path) -> TrustPolicy:
     """Read and check the policy: every key file read, no key twice, no unknown name."""
     doc = load_yaml(path)

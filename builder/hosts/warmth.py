@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from builder.engine.hostprobe import HostFacts, gather
 from builder.engine.protocol import Engine
 from builder.errors import OperationFailed, StackError, ToolMissing
+from builder.evidence.keys import SigningKey
 from builder.evidence.oci import ArtifactStore
+from builder.evidence.trust import TrustPolicy
 from builder.hosts import remote
 from builder.hosts.container import volumes
 from builder.hosts.pins import Pin
@@ -81,6 +83,9 @@ class WarmPolicy:
     require: bool = False
     cold: bool = False
     default_engine: str | None = None
+    #: The hosts' trust policy: only artifacts a key it trusts for warm caches of the host's
+    #: GPU kind signed are restored. None: the hosts folder has none (nothing is verified).
+    trust: TrustPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.require and self.cold:
@@ -99,7 +104,9 @@ def restorer(policy: WarmPolicy) -> Callable[[Pin, Engine], str | None]:
         try:
             facts = host_facts(pin, engine, policy.default_engine)
             store = ArtifactStore.of_image(pin.image)
-            result = restore(engine, store, target, facts, require_warm=policy.require)
+            result = restore(
+                engine, store, target, facts, require_warm=policy.require, trust=policy.trust
+            )
         except (ToolMissing, OperationFailed) as exc:
             if policy.require:
                 raise
@@ -129,10 +136,13 @@ def warm_summary(pin: Pin, engine: Engine) -> str | None:
     return None if proof is None else proof.summary()
 
 
-def capture_pin(pin: Pin, engine: Engine, default: str | None) -> str:
+def capture_pin(
+    pin: Pin, engine: Engine, default: str | None, signer: SigningKey | None = None
+) -> str:
     target = require_target(pin)
     facts = host_facts(pin, engine, default)
-    digest, key, files = capture(engine, ArtifactStore.of_image(pin.image), target, facts)
+    store = ArtifactStore.of_image(pin.image)
+    digest, key, files = capture(engine, store, target, facts, signer)
     size = sum(f.size for f in files)
     kinds: dict[str, int] = {}
     for f in files:
@@ -145,6 +155,11 @@ def capture_pin(pin: Pin, engine: Engine, default: str | None) -> str:
         f"key {key.digest()[:19]}: {gpu}, driver {key.driver or 'none'}, model {key.model}, "
         f"TP {key.tensor_parallel} x PP {key.pipeline_parallel}, mounted at {key.mount}"
         + _ranks_line(key, files)
+        + (
+            f"\nsigned by key {signer.key_id[:16]}"
+            if signer is not None
+            else "\nunsigned: a host with a trust policy will not restore it (--signing-key)"
+        )
     )
 
 

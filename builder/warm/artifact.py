@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from builder.errors import OperationFailed, StackError
 from builder.evidence.documents import KIND_ANNOTATION, SUBJECT_ANNOTATION, WARM_CACHE_TYPE
 from builder.evidence.oci import ArtifactStore, Descriptor
+from builder.evidence.signing import ENVELOPE_MEDIA_TYPE
 from builder.warm.archive import CapturedFile
 from builder.warm.key import WarmKey, canonical
 from builder.warm.ranks import ranks_summary
@@ -27,6 +28,8 @@ FILES_TYPE = "application/vnd.sm120-stacks.warm-files.v1+json"
 TAR_TYPE = "application/vnd.sm120-stacks.warm-cache.v1.tar"
 KEY_ANNOTATION = "dev.sm120-stacks.warm.key"
 HOST_ANNOTATION = "dev.sm120-stacks.warm.captured-on"
+#: The layers every artifact has; a signed one has the DSSE envelope after them.
+PAYLOAD = [KEY_TYPE, FILES_TYPE, TAR_TYPE]
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class Found:
     created: str
     #: The key, file-list and tar layers' descriptors.
     layers: tuple[Descriptor, Descriptor, Descriptor]
+    #: The DSSE envelope of the capture's signed statement (warm/signed.py); None: unsigned.
+    envelope: Descriptor | None = None
 
 
 def push(
@@ -47,11 +52,14 @@ def push(
     files: list[CapturedFile],
     tar: Path,
     host: str,
+    signed: bytes | None = None,
 ) -> Descriptor:
+    """signed: the DSSE envelope of the capture (warm/signed.py), a fourth layer."""
     subject = store.image(key.image)
     scratch = tar.with_name(tar.name + ".meta")
     scratch.mkdir(exist_ok=True)
     key_file, files_file = scratch / "key.json", scratch / "files.json"
+    envelope_file = scratch / "statement.dsse.json"
     key_file.write_bytes(canonical(key.model_dump()))
     files_file.write_bytes(canonical(files_document(files)))
     annotations = {
@@ -62,11 +70,14 @@ def push(
         "org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     layers = [(key_file, KEY_TYPE), (files_file, FILES_TYPE), (tar, TAR_TYPE)]
+    if signed is not None:
+        envelope_file.write_bytes(signed)
+        layers.append((envelope_file, ENVELOPE_MEDIA_TYPE))
     try:
         return store.attach_files(subject, WARM_CACHE_TYPE, layers, annotations)
     finally:
-        key_file.unlink(missing_ok=True)
-        files_file.unlink(missing_ok=True)
+        for scratch_file in (key_file, files_file, envelope_file):
+            scratch_file.unlink(missing_ok=True)
         scratch.rmdir()
 
 
@@ -96,7 +107,8 @@ def find(store: ArtifactStore, image_digest: str) -> list[Found]:
                 "refers to another image: refused"
             )
         layers = [Descriptor.of(layer) for layer in manifest.get("layers") or []]
-        if [layer.media_type for layer in layers] != [KEY_TYPE, FILES_TYPE, TAR_TYPE]:
+        kinds = [layer.media_type for layer in layers]
+        if kinds not in (PAYLOAD, [*PAYLOAD, ENVELOPE_MEDIA_TYPE]):
             raise OperationFailed(f"warm-cache artifact {descriptor.digest} has other layers")
         key = _key(store.blob(layers[0]), descriptor)
         annotations = manifest.get("annotations") or {}
@@ -111,6 +123,7 @@ def find(store: ArtifactStore, image_digest: str) -> list[Found]:
                 str(annotations.get(HOST_ANNOTATION, "unknown")),
                 str(annotations.get("org.opencontainers.image.created", "")),
                 (layers[0], layers[1], layers[2]),
+                layers[3] if len(layers) == 4 else None,
             )
         )
     return sorted(found, key=lambda f: f.created, reverse=True)

@@ -24,9 +24,11 @@ from typing import Any
 from builder.engine.hostprobe import HostFacts
 from builder.engine.protocol import Engine
 from builder.errors import OperationFailed, StackError
+from builder.evidence.keys import SigningKey
 from builder.evidence.oci import ArtifactStore
+from builder.evidence.trust import TrustPolicy
 from builder.spec.cache_volume import CacheVolume, cache_volume
-from builder.warm import archive, artifact, ranks
+from builder.warm import archive, artifact, ranks, signed
 from builder.warm.key import (
     WarmKey,
     gpu_identity,
@@ -134,9 +136,14 @@ def host_key(target: WarmTarget, facts: HostFacts, access: VolumeAccess) -> Warm
 
 
 def capture(
-    engine: Engine, store: ArtifactStore, target: WarmTarget, facts: HostFacts
+    engine: Engine,
+    store: ArtifactStore,
+    target: WarmTarget,
+    facts: HostFacts,
+    signer: SigningKey | None = None,
 ) -> tuple[str, WarmKey, list[archive.CapturedFile]]:
-    """Push live/ of the host's cache volume as an artifact; (its digest, key, files)."""
+    """Push live/ of the host's cache volume as an artifact, signed by signer where given;
+    (its digest, key, files)."""
     layout = cache_volume()
     with (
         open_volume(
@@ -154,7 +161,10 @@ def capture(
             )
         tar = Path(scratch) / "cache.tar"
         files = archive.repack(access.read_live(), layout.live, tar, layout)
-        pushed = artifact.push(store, key, files, tar, target.host)
+        statement = (
+            None if signer is None else signed.envelope(key, files, tar, target.host, signer)
+        )
+        pushed = artifact.push(store, key, files, tar, target.host, statement)
     return pushed.digest, key, files
 
 
@@ -165,8 +175,11 @@ def restore(
     facts: HostFacts,
     *,
     require_warm: bool = False,
+    trust: TrustPolicy | None = None,
 ) -> RestoreResult:
-    """Fill the host's cache volume from the artifact of exactly its key (see the module)."""
+    """Fill the host's cache volume from the artifact of exactly its key (see the module);
+    with a trust policy, only from one a key trusted for `warm` on its GPU kind signed, checked
+    before anything is fetched into the volume (warm/signed.py)."""
     tensor, pipeline = parallel_shape(target.command)
     if facts.gpu_error is None or target.gpu_indices == []:  # the count is known: judge it
         gpus = len(gpu_identity(facts, target.gpu_indices)[0])
@@ -191,6 +204,14 @@ def restore(
                     "(`sm120-stacks cache capture HOST`), or deploy without --require-warm"
                 )
             return _cold(access, result)
+        refused: list[str] = []
+        signed_files: dict[str, list[archive.CapturedFile]] = {}
+        if trust is not None:
+            accepted, refused = signed.vouched(store, exact, trust)
+            exact = [v.found for v in accepted]
+            signed_files = {v.found.descriptor.digest: v.files for v in accepted}
+            if not exact:
+                return _all_refused(access, target, refused, recovered, require_warm)
         already = str((access.state(RESTORED) or {}).get("artifact"))
         if any(found.descriptor.digest == already for found in exact):
             _write_base(access)
@@ -198,10 +219,10 @@ def restore(
             done.recovered = recovered
             return done
         _refuse_in_use(engine, target)
-        refused: list[str] = []
         for found in exact:
             try:
-                done = _restore_one(access, store, target, key, found)
+                files = signed_files.get(found.descriptor.digest)
+                done = _restore_one(access, store, target, key, found, files)
             except StackError as exc:
                 # Not intact (tampered, truncated): nothing of it was swapped in. An older
                 # artifact of the same key may be whole; with none, the start is cold.
@@ -209,16 +230,28 @@ def restore(
                 continue
             done.recovered, done.differences = recovered, refused
             return done
-        if require_warm:
-            raise StackError(
-                f"{target.host}: warm required, and every artifact of its key was refused:\n  "
-                + "\n  ".join(refused),
-                hint="capture it again from a warm host (`sm120-stacks cache capture HOST`)",
-            )
-        return _cold(
-            access,
-            RestoreResult(None, "every warm cache of this key was refused: a cold start", refused),
+        return _all_refused(access, target, refused, recovered, require_warm)
+
+
+def _all_refused(
+    access: VolumeAccess,
+    target: WarmTarget,
+    refused: list[str],
+    recovered: str | None,
+    require_warm: bool,
+) -> RestoreResult:
+    """Every artifact of the host's key was refused (not intact, or not signed by a key the
+    trust policy names): nothing was written into live/; a cold start, or the refusal."""
+    if require_warm:
+        raise StackError(
+            f"{target.host}: warm required, and every artifact of its key was refused:\n  "
+            + "\n  ".join(refused),
+            hint="capture it again from a warm host (`sm120-stacks cache capture HOST`, with "
+            "a signing key the trust policy names for warm caches of this GPU kind)",
         )
+    result = RestoreResult(None, "every warm cache of this key was refused: a cold start", refused)
+    result.recovered = recovered
+    return _cold(access, result)
 
 
 def _restore_one(
@@ -227,9 +260,11 @@ def _restore_one(
     target: WarmTarget,
     key: WarmKey,
     found: artifact.Found,
+    signed_files: list[archive.CapturedFile] | None = None,
 ) -> RestoreResult:
+    """signed_files: the file list a trusted key signed, held to instead of files.json."""
     digest = found.descriptor.digest
-    files = artifact.files_of(store, found)
+    files = signed_files if signed_files is not None else artifact.files_of(store, found)
     with tempfile.TemporaryDirectory(prefix="sm120-warm-") as scratch:
         tar = Path(scratch) / "cache.tar"
         store.blob_to_file(found.layers[2], tar)
