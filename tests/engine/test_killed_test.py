@@ -25,11 +25,14 @@ import pytest
 
 from builder import REPO_ROOT
 from builder.engine.docker_adapter import DockerEngine
-from builder.engine.owner import OWNER_LABEL, STOPPED
-from builder.engine.protocol import Container
+from builder.engine.owner import OWNER_LABEL, STOPPED, owned
+from builder.engine.protocol import Container, ContainerSpec
 from builder.engine.throwaway import ThrowawayFailed, run_throwaway
 from builder.errors import EngineNotFound
 from builder.render.context import VENV
+from builder.spec.resolve import resolve
+from builder.verify.kernel_cache import container_watch
+from tests.conftest import STACKS
 from tests.engine.conftest import LOCAL_BASE, unique
 
 pytestmark = pytest.mark.engine
@@ -164,3 +167,28 @@ def test_a_throwaway_says_its_status_its_output_and_its_result(
     with pytest.raises(ThrowawayFailed, match="exit status 3: 'why"):
         done.checked()
     assert _owned_by(engine, os.getpid()) == []  # removed by its own run
+
+
+def test_the_kernel_cache_watch_lists_the_smoke_container_through_its_own_exec(
+    engine: DockerEngine, slow_python_image: str
+) -> None:
+    """The listing after the smoke runs in the running container itself (Container.exec): it
+    finds the workspace that container's environment names, not the image's default."""
+    watches = container_watch(engine, slow_python_image, resolve("vllm-0.33-marlin", STACKS))
+    assert watches is not None
+    workspace = f"/{unique('smoke-workspace')}"
+    spec = ContainerSpec(
+        image=slow_python_image,
+        command=("sleep", "infinity"),
+        environment={"FLASHINFER_WORKSPACE_BASE": workspace},
+        network_mode="none",
+    )
+    container = engine.run(owned(spec))
+    try:
+        watches.after(container)
+    finally:
+        container.remove(force=True)
+    for watch in watches.watches:
+        assert watch.failures == [], watch.failures
+        assert watch.after_listing is not None
+        assert watch.after_listing.root.startswith(f"{workspace}/.cache/flashinfer")
