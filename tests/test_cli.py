@@ -152,3 +152,16 @@ def test_evidence_takes_a_digest_a_pinned_ref_or_a_tag(given: str, reference: st
     from builder.cli.evidence import image_reference
 
     assert image_reference(given) == reference
+
+
+def test_drift_is_the_host_check_and_verify_its_old_name() -> None:
+    """builder/verify/ implements `test` and `smoke`; the host check is `drift`, and `verify`
+    still runs it for one release, saying it is deprecated (CHANGELOG)."""
+    from builder.cli.main import cli
+
+    listed = CliRunner().invoke(cli, ["--help"]).output
+    assert "drift" in listed and "(DEPRECATED)" in listed
+    old = CliRunner().invoke(cli, ["verify"])
+    assert old.exit_code == 2 and "deprecated" in old.output.lower(), old.output
+    assert "name a HOST" in old.output
+    assert "name a HOST" in CliRunner().invoke(cli, ["drift"]).output

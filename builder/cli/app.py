@@ -259,7 +259,8 @@ COMMAND_MODULES = {
     "lock": "builder.cli.lock",
     "pin": "builder.cli.hosts",
     "deploy": "builder.cli.hosts",
-    "verify": "builder.cli.hosts",
+    "drift": "builder.cli.hosts",
+    "verify": "builder.cli.hosts",  # the old name of drift, for one release
     "doctor": "builder.cli.hosts",
     "outdated": "builder.cli.upstream",
     "propose": "builder.cli.upstream",

@@ -1,12 +1,13 @@
-"""Commands that pin serving hosts to tested images: pin, deploy, verify, doctor.
+"""Commands that pin serving hosts to tested images: pin, deploy, drift (once `verify`), doctor.
 
 Registered on the main `cli` group when builder.cli.app imports this module. Bad input exits 2
-(user_errors); drift (verify) and missing prerequisites (doctor) exit 1, since they describe the
+(user_errors); drift and missing prerequisites (doctor) exit 1, since they describe the
 host, not the command line.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -374,7 +375,7 @@ def _apply_only(apply_now: bool, **given: object) -> None:
 @hosts_dir_option
 @pass_settings
 @user_errors
-def verify(
+def drift(
     settings: Settings, host: str | None, every: bool, as_json: bool, hosts_dir: Path | None
 ) -> None:
     """Compare what runs on HOST (on its pin's engine) with its pin; every drift is reported,
@@ -386,6 +387,15 @@ def verify(
     _one_or_all(host, every)
     pins = all_pins(folder) if every else [load_pin(folder, str(host))]
     verify_pins(pins, as_json, settings.engine_address(), every)
+
+
+#: `verify` was this command's name until 2026-12-02, when builder/verify/ (which implements
+#: `test` and `smoke`) made the word mean two things; kept as an alias for one release.
+_verify_alias = copy.copy(drift)
+_verify_alias.name = "verify"
+_verify_alias.deprecated = True
+_verify_alias.help = "The old name of `drift` (kept for one release). " + (drift.help or "")
+cli.add_command(_verify_alias)
 
 
 def _one_or_all(host: str | None, every: bool) -> None:
