@@ -131,9 +131,25 @@ def test_every_raw_file_cited_exists(page: Path) -> None:
 def test_the_commands_are_what_ci_runs() -> None:
     """The README's two commands are `.ci/run`'s and the Makefile's own."""
     readme = (REPO_ROOT / "README.md").read_text()
-    assert "make stack STACK=vllm-0.33-b12x" in readme and "\nmake test " in readme
+    assert "make stack STACK=vllm-0.33-marlin" in readme and "\nmake test " in readme
     assert re.search(r"^make test$", (REPO_ROOT / ".ci" / "run").read_text(), flags=re.M)
     assert isinstance(cli, click.Group)
+
+
+def test_the_front_door_follows_the_rules() -> None:
+    """Every stack the README tells a GPU host to `make stack` passes every rule, and serves
+    the model the README has it download (issue 33: the front door once met an open crash)."""
+    from builder.spec.check import check_stack
+    from builder.spec.resolve import resolve
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    doors = set(re.findall(r"make stack STACK=([\w.-]+)", readme)) - {"ci-mini"}
+    downloads = set(re.findall(r"hf download (\S+)", readme))
+    assert doors and downloads
+    for name in doors:
+        stack = resolve(name, REPO_ROOT / "stacks")
+        assert check_stack(stack).ok, [v.rule.id for v in check_stack(stack).violations]
+        assert stack.manifest.serve.model.id in downloads, name
 
 
 def _newest_generation() -> str:

@@ -22,8 +22,8 @@ from builder import REPO_ROOT
 from builder.cli.app import Settings, cli, pass_settings, user_errors
 from builder.errors import StackError
 from builder.files import write_atomic
-from builder.spec.resolve import ResolvedStack, stack_names
-from builder.spec.rules import Rule, load_rules
+from builder.spec.resolve import ResolvedStack, rule_facts, stack_names
+from builder.spec.rules import Rule, evaluate, load_rules
 from builder.spec.yamlsafe import load_yaml
 
 EVIDENCE = REPO_ROOT / "bench" / "results" / "stack-evidence.yaml"
@@ -50,9 +50,9 @@ def stacks_table(settings: Settings) -> str:
             f"evidence for stacks that do not exist: {', '.join(unknown)}", file=EVIDENCE
         )
     rows = [
-        "| stack | generation | vLLM / FlashInfer / CUDA | MoE backend "
+        "| stack | generation | vLLM / FlashInfer / CUDA | MoE backend | model "
         "| built | static tests | served on a GPU |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in stack_names(settings.stacks_dir):
         stack = settings.resolve(name)
@@ -67,6 +67,7 @@ def stacks_table(settings: Settings) -> str:
                     f"`{stack.manifest.serve.moe_backend}`"
                     if stack.manifest.serve.moe_backend
                     else "–",
+                    _model(stack, settings),
                     _status(said.get("built"), name),
                     _static(said.get("static"), name),
                     _served(said.get("served") or [], name, stack),
@@ -153,6 +154,34 @@ def _versions(stack: ResolvedStack) -> str:
     packages = stack.manifest.python.packages
     found = [packages.get(name) for name in ("vllm", "flashinfer-python")]
     return " / ".join([p.version if p else "–" for p in found] + [stack.manifest.cuda])
+
+
+def _model(stack: ResolvedStack, settings: Settings) -> str:
+    """The model it serves, and why where a rule moved it off the model of the stack it
+    extends: the rules on the model's facts that fire with the parent's model in its place
+    (derived, not written down, so the why cannot outlive the rule)."""
+    model = stack.manifest.serve.model.id
+    cell = f"`{model.rsplit('/', 1)[-1]}`"
+    if len(stack.sources) < 2:  # extends nothing
+        return cell
+    parent_name = stack.sources[1].stem
+    parent = settings.resolve(parent_name)
+    theirs = parent.manifest.serve.model.id
+    if theirs == model:
+        return cell
+    model_facts = {k: v for k, v in rule_facts(parent).items() if k.startswith("model.")}
+    fired = [
+        v.rule.id
+        for v in evaluate(rule_facts(stack) | model_facts)
+        if any(key.startswith("model.") for key in v.rule.when)
+    ]
+    if not fired:
+        return cell
+    rules = ", ".join(f"`{rule}`" for rule in fired)
+    why = (
+        f"not {parent_name}'s `{theirs.rsplit('/', 1)[-1]}`: rule {rules} ([rules](docs/rules.md))"
+    )
+    return f"{cell}; {why}"
 
 
 def _raw(path: str | None, name: str) -> Path | None:
