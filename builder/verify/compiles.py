@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from builder.spec.cache_volume import CacheVolume
 from builder.spec.knowledge import parse_document, read_knowledge
 
 Event = Literal["compile", "autotune", "load", "trace", "total"]
@@ -42,14 +43,48 @@ class CompileKind(BaseModel):
     patterns: list[_Pattern] = Field(min_length=1)
 
 
+class NotLogged(BaseModel):
+    """A kind a runtime cache holds that no log line names (the CUDA driver's JIT)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    title: str
+    why: str
+
+
 class _KindsFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kinds: dict[str, CompileKind]
+    not_logged: dict[str, NotLogged] = Field(default_factory=dict)
 
 
 @cache
+def _kinds_file() -> _KindsFile:
+    return parse_document(read_knowledge("runtime_compiles.yaml"), _KindsFile)
+
+
 def compile_kinds() -> dict[str, CompileKind]:
-    return parse_document(read_knowledge("runtime_compiles.yaml"), _KindsFile).kinds
+    return _kinds_file().kinds
+
+
+def compile_vocabulary() -> dict[str, str]:
+    """Every compile kind's name and title: the smoke's kinds and those no log shows. The
+    cache volume's folders (knowledge/cache_volume.yaml) name their files with these, so the
+    smoke and the warm proof say one thing by one name."""
+    found = _kinds_file()
+    return {name: k.title for name, k in found.kinds.items()} | {
+        name: k.title for name, k in found.not_logged.items()
+    }
+
+
+def vocabulary_mismatches(volume: CacheVolume) -> list[str]:
+    """Each kind of the cache volume's table that the vocabulary lacks, with where it is."""
+    known = compile_vocabulary()
+    found = []
+    for folder in volume.folders:
+        places = [(folder.path, folder.kind)]
+        places += [(f"{folder.path}/{w.prefix}", w.kind) for w in folder.within]
+        found += [f"{where}: kind {kind!r}" for where, kind in places if kind not in known]
+    return found
 
 
 @cache
@@ -205,9 +240,12 @@ __all__ = [
     "CompileKind",
     "KindSummary",
     "LogEvent",
+    "NotLogged",
     "compile_kinds",
+    "compile_vocabulary",
     "find_compiles",
     "find_events",
     "smoke_environment",
     "summarize",
+    "vocabulary_mismatches",
 ]
