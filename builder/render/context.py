@@ -27,10 +27,11 @@ from builder.lock.lockfile import (
     base_reference,
     current_lock,
     lock_requirements,
-    python_digest,
 )
 from builder.render.digests import DigestCache
-from builder.spec.resolve import ResolvedStack, canonical_json, jit_module_table, local_wheels
+from builder.render.jitdeps import jit_inputs_digest, jit_patches, jit_requirements
+from builder.spec.manifest import Patch
+from builder.spec.resolve import ResolvedStack, jit_module_table, local_wheels
 from builder.spec.serve import serve_argv
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
@@ -68,7 +69,11 @@ class TemplateContext:
     #: they were written afresh by every run, and ninja recompiled each object built from them
     #: (63 of fused_moe_120's 90 steps after an interruption, found on the 0.17 stack).
     jit_workspace_dir: str
+    #: Named by exactly what the modules are compiled from (jitdeps.jit_inputs_digest), never
+    #: by the stack: every stack of the same FlashInfer, torch, CUDA, arch and flags shares it.
     jit_cache_id: str
+    #: The patches the jit-deps stage applies too (those to the packages it installs).
+    jit_patches: list[dict[str, Any]]
     #: Where the compile step copies finished modules inside its own layer (see jit_cache.j2).
     jit_staging_dir: str
     max_jobs_default: int
@@ -136,7 +141,7 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
     if m.patches and "patch" not in apt:
         apt.append("patch")
     max_jobs_default = 2 if build.max_jobs == "auto" else build.max_jobs
-    jit_env = {
+    jit_env: dict[str, str] = {
         **stack.arch.env,
         **build.toolchain_env,
         "FLASHINFER_WORKSPACE_BASE": JIT_WORKSPACE,
@@ -145,6 +150,7 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
     build_base = base_reference(stack, lock, "build")
     runtime_base = base_reference(stack, lock, "runtime")
     runtime_from_build = build_base == runtime_base
+    jit_env = dict(sorted(jit_env.items()))
     runtime_apt = [p for p in build.runtime_apt_packages if not (runtime_from_build and p in apt)]
     return TemplateContext(
         stack=stack.name,
@@ -158,7 +164,7 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         pip_flags="--find-links /opt/sm120-stacks/wheels " if m.python.wheels else "",
         wheels=[Path(w).name for w in m.python.wheels],
         has_overrides=bool(m.python.overrides),
-        patches=[{"file": Path(p.file).name, "strip": p.strip} for p in m.patches],
+        patches=[_patch_entry(p) for p in m.patches],
         jit_modules=list(stack.jit_modules),
         aot_dir=f"{VENV}/lib/python{m.python.version}/site-packages/flashinfer/data/aot",
         jit_dir=jit_cached_ops_dir(stack),
@@ -166,9 +172,10 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         jit_staging_dir="/opt/sm120-stacks-jit/cached_ops",
         jit_cache_id=f"sm120-stacks-flashinfer-workspace-{flashinfer_version(stack)}"
         f"-{stack.arch.jit_arch_tag}-py{m.python.version}"
-        f"-{compile_inputs_digest(stack, build_base, apt, lock)}",
+        f"-{jit_inputs_digest(stack, lock, build_base, apt, jit_env)}",
+        jit_patches=[_patch_entry(p) for p in jit_patches(stack, lock)],
         max_jobs_default=max_jobs_default,
-        jit_env=dict(sorted(jit_env.items())),
+        jit_env=jit_env,
         env=dict(sorted(m.env.items())),
         port=m.serve.port,
         serve_argv=serve_argv(stack),
@@ -177,27 +184,8 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
     )
 
 
-def compile_inputs_digest(
-    stack: ResolvedStack, build_base: str, apt: list[str], lock: Lock | None
-) -> str:
-    """What the JIT compile's objects depend on besides FlashInfer and the arch: the base (its
-    nvcc and compiler), the packages (torch's headers) and the patches. Stacks that differ only
-    in runtime settings (marlin, b12x) share the compile cache; no others may, because ninja
-    judges freshness by file times and would take objects built against another torch or nvcc
-    for current ones."""
-    m = stack.manifest
-    inputs = {
-        "base": build_base,
-        "cuda": m.cuda,
-        "apt": apt,
-        "toolchain_env": m.build.toolchain_env,
-        "python": m.python.model_dump(mode="json"),
-        # The locked set by its digest (its JSON is most of a lock); where its versions came
-        # from is a note, not an input of the objects, and python_digest leaves it out.
-        "lock": python_digest(lock) if lock else None,
-        "patches": [p.sha256 for p in m.patches],
-    }
-    return hashlib.sha256(canonical_json(inputs).encode()).hexdigest()[:12]
+def _patch_entry(patch: Patch) -> dict[str, Any]:
+    return {"file": Path(patch.file).name, "strip": patch.strip}
 
 
 def flashinfer_workspace_dir(stack: ResolvedStack) -> str:
@@ -258,6 +246,8 @@ def render(
         "requirements/all.txt": (requirements(stack).encode(), REGULAR),
         "requirements/constraints.txt": (requirements(stack, constraints=True).encode(), REGULAR),
         "requirements/heavy.txt": (requirements(stack, ctx.heavy_packages).encode(), REGULAR),
+        # The jit-deps stage's own file: it copies this alone, so that no other pin reaches it.
+        "requirements/jit.txt": (jit_requirements(stack, lock).encode(), REGULAR),
     }
     if stack.manifest.python.overrides:
         files["requirements/overrides.txt"] = (
@@ -294,6 +284,10 @@ def render(
             files[f"patches/{name}"] = (content, REGULAR)
             sums.append(f"{hashlib.sha256(content).hexdigest()}  {name}")
         files["patches/SHA256SUMS"] = (("\n".join(sums) + "\n").encode(), REGULAR)
+        jit_names = {p["file"] for p in ctx.jit_patches}
+        if jit_names:
+            jit_sums = [line for line in sums if line.split("  ", 1)[1] in jit_names]
+            files["patches/SHA256SUMS.jit"] = (("\n".join(jit_sums) + "\n").encode(), REGULAR)
     return RenderedContext(stack=stack.name, files=files, copied=copied, lock=lock)
 
 

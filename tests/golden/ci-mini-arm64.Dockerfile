@@ -32,8 +32,22 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 # --- patches: applied to the installed packages, checksums verified first ---
 FROM packages AS patched
 
+# --- jit-deps: only what the FlashInfer JIT compile reads (torch, FlashInfer and its imports) ---
+# Its own requirements file (requirements/jit.txt, knowledge/jit_dependencies.yaml says which
+# packages), FROM toolchain: a change of vLLM or of any other pin leaves this stage and the
+# compiles after it cached. The runtime takes the modules from jit-cache; this venv never ships.
+FROM toolchain AS jit-deps
+COPY requirements/jit.txt /opt/sm120-stacks/requirements/
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install -r /opt/sm120-stacks/requirements/jit.txt
+
 # --- jit-cache: FlashInfer modules compiled for 12.0f, one at a time ---
-FROM patched AS jit-cache
+FROM jit-deps AS jit-cache
 # Compile jobs: the manifest's max_jobs, or what the build machine's memory allows ("auto").
 ARG MAX_JOBS=2
 ENV CMAKE_CUDA_ARCHITECTURES="120f" \
@@ -49,7 +63,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.11-923e0f6f9033,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-120f-py3.11-6a2dea4d6c06,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     norm \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \

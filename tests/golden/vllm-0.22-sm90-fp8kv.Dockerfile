@@ -39,8 +39,37 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 # --- patches: applied to the installed packages, checksums verified first ---
 FROM packages AS patched
 
+# --- jit-deps: only what the FlashInfer JIT compile reads (torch, FlashInfer and its imports) ---
+# Its own requirements file (requirements/jit.txt, knowledge/jit_dependencies.yaml says which
+# packages), FROM toolchain: a change of vLLM or of any other pin leaves this stage and the
+# compiles after it cached. The runtime takes the modules from jit-cache; this venv never ships.
+FROM toolchain AS jit-deps
+# The very layer the packages stage installs torch in: built once, shared by both.
+COPY requirements/lock-heavy.txt /opt/sm120-stacks/requirements/
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock-heavy.txt
+COPY requirements/jit.txt /opt/sm120-stacks/requirements/
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --require-hashes --no-deps -r /opt/sm120-stacks/requirements/jit.txt
+# A requirement of the JIT's packages that the subset lacks stops the build here, named: add it
+# to knowledge/jit_dependencies.yaml. Version conflicts are the lock's to judge, not this check's.
+# hadolint ignore=DL3059
+RUN { pip check > /tmp/jit-deps-check.txt || true; } \
+ && if grep "which is not installed" /tmp/jit-deps-check.txt; then exit 1; fi \
+ && rm /tmp/jit-deps-check.txt
+
 # --- jit-cache: FlashInfer modules compiled for 9.0a, one at a time ---
-FROM patched AS jit-cache
+FROM jit-deps AS jit-cache
 # Compile jobs: the manifest's max_jobs, or what the build machine's memory allows ("auto").
 ARG MAX_JOBS=2
 ENV CMAKE_CUDA_ARCHITECTURES="90a" \
@@ -56,7 +85,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="90a" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-90a-py3.12-295f8f66dd2a,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/90a,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.6.11.post2-90a-py3.12-1d699b2ced45,target=/opt/flashinfer-cache/.cache/flashinfer/0.6.11.post2/90a,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_e4m3_dtype_o_bf16_dtype_idx_i32_head_dim_qk_64_head_dim_vo_64_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \

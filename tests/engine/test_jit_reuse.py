@@ -1,0 +1,66 @@
+"""Rebuilds compile only what changed (issue 37): a child of ci-mini that adds one package
+FlashInfer does not import rebuilds with its FlashInfer compile step CACHED, read from the
+BuildKit log the tool keeps, and `test`'s per-module table still finds every module a hit in
+the child's final image, with the child's own packages."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.image.names import content_tag
+from builder.render.context import render
+from builder.spec.resolve import resolve
+
+pytestmark = pytest.mark.engine
+
+#: The compile step's header in BuildKit's plain log: "#12 [jit-cache 3/3] RUN --mount=...".
+COMPILE_STEP = re.compile(r"^(#\d+) \[jit-cache \d+/\d+\] RUN .*flashinfer_jit\.py", re.M)
+
+
+def build_log(workspace: Path, stack: str) -> str:
+    """The BuildKit log of the stack's current image (build/NAME/logs/TAG.log)."""
+    content_hash = render(resolve(stack, workspace / "stacks")).content_hash()
+    path = workspace / "build" / stack / "logs" / f"{content_tag(stack, content_hash)}.log"
+    return path.read_text()
+
+
+def compile_step_outcome(log: str) -> str:
+    """CACHED, or DONE with its seconds, for the FlashInfer compile step of one build log."""
+    header = COMPILE_STEP.search(log)
+    assert header, "no jit-cache compile step in the build log"
+    step = re.escape(header.group(1))
+    outcome = re.findall(rf"^{step} (CACHED|DONE [\d.]+s)$", log, flags=re.M)
+    assert outcome, f"the compile step {header.group(1)} never finished in the log"
+    return outcome[-1]
+
+
+def test_a_child_adding_an_unrelated_package_reuses_the_compiled_modules(
+    ci_mini: dict[str, str],
+    cli_process: Callable[..., Any],
+    variant: Callable[[str, str], str],
+    workspace: Path,
+    models: dict[str, Path],
+) -> None:
+    child = variant("jit-reuse", "python: {packages: {six: 1.17.0}}")
+    cli_process("build", child)
+    log = build_log(workspace, child)
+    assert compile_step_outcome(log) == "CACHED", "the child compiled FlashInfer again"
+    assert "flashinfer_jit: [1/1] compiling norm" not in log
+    # The child's packages stage did run: six is in its image, not only in the manifest.
+    assert re.search(r"Successfully installed .*\bsix-1\.17\.0", log), "six was not installed"
+    result = cli_process(
+        "test", child, "--volume", f"{models['trained']}:/models/tiny", "--json", check=False
+    )
+    assert result.stdout.startswith("{"), f"no JSON report:\n{result.stdout}\n{result.stderr}"
+    report = json.loads(result.stdout)
+    assert [(r["module"], r["status"], r["archs"]) for r in report["jit_cache"]] == [
+        ("norm", "hit", ["sm_120f"])
+    ]
+    failed = [c["name"] for c in report["checks"] if not c["passed"] and not c["skipped"]]
+    assert (result.returncode, failed) == (0, [])
