@@ -157,7 +157,7 @@ class RegistrySession:
             self._answer_challenge(response, scope)
             response = self._send(method, url, scope, kwargs)
             if response.status_code == 401:
-                raise self._login_refused()
+                raise self._login_refused(response, scope)
         return response
 
     # -- the connection --
@@ -351,8 +351,19 @@ class RegistrySession:
             hint=f"docker login {self.host} (DOCKER_CONFIG names another config folder)",
         )
 
-    def _login_refused(self) -> StackError:
+    def _login_refused(self, response: Any = None, scope: str = "") -> StackError:
         config = registry_auth.config_file(self.access.environ)
+        challenge = response.headers.get("WWW-Authenticate", "") if response is not None else ""
+        if 'error="insufficient_scope"' in challenge:
+            # The login was good; the token it got grants less than asked (a pull-only user
+            # or robot account pushing): not a matter of logging in again.
+            _, name, actions = [*scope.split(":"), "", ""][:3]
+            return StackError(
+                f"the registry {self.host} accepted the login saved in {config}, and that "
+                f"login is not granted {actions} on {name}",
+                hint=f"ask the registry's administrator for {actions} access to {name}, or "
+                f"`docker login {self.host}` as a user who has it",
+            )
         return StackError(
             f"the registry {self.host} refused the login saved in {config}",
             hint=f"log in again: docker login {self.host}",
