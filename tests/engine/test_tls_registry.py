@@ -127,7 +127,9 @@ def test_a_push_whose_evidence_failed_is_not_recorded_and_moves_no_tag(
         assert f"sm120-stacks push {TLS_HALF}` again" in result.stderr
         assert load_record(workspace / "build", TLS_HALF, content_hash).pushed == {}
         store = ArtifactStore(Registry(tls.host), access=_access(tls))
-        tags = store.session.request("GET", "/v2/sm120-stacks/tags/list", "repository:sm120-stacks:pull")
+        tags = store.session.request(
+            "GET", "/v2/sm120-stacks/tags/list", "repository:sm120-stacks:pull"
+        )
         assert TLS_HALF not in tags.json()["tags"]  # the moving tag did not move
         local = [t for i in api.images.list() for t in i.tags if t.startswith(tls.host)]
         assert not [t for t in local if TLS_HALF in t], local
@@ -228,7 +230,7 @@ def test_a_frozen_registry_times_out_saying_what_it_waited_for(
 
 
 def test_bad_registry_settings_are_refused_without_echoing_secrets(
-    tls: TlsRegistry, cli_process: Callable[..., Any], tmp_path: Path
+    tls: TlsRegistry, pushed: str, cli_process: Callable[..., Any], tmp_path: Path
 ) -> None:
     inline = cli_process(
         "evidence", TLS_CPU, "--registry", f"{tls.user}:{tls.password}@{tls.host}", check=False

@@ -10,13 +10,13 @@ of the test's own, so nothing here touches the machine's own config or trust.
 from __future__ import annotations
 
 import contextlib
-import crypt
 import os
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +54,16 @@ class TlsRegistry:
             self.process.send_signal(signal.SIGCONT)
 
 
+def bcrypt_hash(password: str) -> str:
+    """The bcrypt hash distribution's htpasswd needs, from the C library's crypt(3) (libxcrypt
+    on Debian): the standard library's `crypt` (Python <= 3.12) wraps it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+
+    return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+
+
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
@@ -77,9 +87,7 @@ def tls_registry(folder: Path, docker: str = "docker") -> Iterator[TlsRegistry]:
     folder.mkdir(parents=True, exist_ok=True)
     ca, cert, key = make_certificates(folder)
     user, password = "sm120-tester", "pw-" + os.urandom(12).hex()
-    (folder / "htpasswd").write_text(
-        f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n"
-    )
+    (folder / "htpasswd").write_text(f"{user}:{bcrypt_hash(password)}\n")
     host = f"127.0.0.1:{free_port()}"
     (folder / "config.yml").write_text(
         "version: 0.1\nlog:\n  level: warn\n"
