@@ -44,6 +44,7 @@ def test_merge_takes_the_newest_static_verdict_and_keeps_served_verdicts_of_othe
     retested = Verdicts(static="failed", served=[_served(CPU, True, "2026-12-03T00:00:00Z")])
     merged = merge([tested, deployed])
     assert (merged.static, merged.unserved, len(merged.served)) == ("passed", "no NVIDIA GPU", 1)
+    assert merge([Verdicts(unserved="no GPU"), deployed]).unserved == "no GPU"
     again = merge([tested, deployed, retested])
     assert again.static == "failed" and again.unserved is None
     assert [v.gpu_kind for v in again.served] == [H200, CPU]

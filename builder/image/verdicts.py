@@ -132,7 +132,7 @@ def merge(older_to_newer: Iterable[Verdicts]) -> Verdicts:
     The one merge: a record taking a test's or the registry's verdicts, and the registry's
     verdict documents read together. Callers give them oldest first, ordered by `recency`."""
     given = list(older_to_newer)
-    judged = [v for v in given if v.static is not None]
+    judged = [v for v in given if v.static is not None] or [v for v in given if v.unserved]
     last = judged[-1] if judged else Verdicts()
     return Verdicts(
         static=last.static,
