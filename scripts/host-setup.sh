@@ -1,80 +1,293 @@
 #!/usr/bin/env bash
 # Bring up what the two commands need on this machine: a Docker engine with BuildKit and, with
-# --registry, a local image registry on 127.0.0.1:5000. Idempotent and quick when all is up
-# (two HTTP pings), so `make stack` and `make test` run it every time; .ci/run calls it too.
+# --registry, a local image registry on 127.0.0.1:5000 (SM120_STACKS_REGISTRY=127.0.0.1:PORT for
+# another port). Idempotent and quick when all is up (two pings), so `make stack` and `make test`
+# run it every time; .ci/run calls it too.
 #
 #   scripts/host-setup.sh              # the engine (make stack)
 #   scripts/host-setup.sh --registry   # the engine and the local registry (make test, CI)
 #
-# Installs only on Debian as root (apt: docker.io, docker-registry, debootstrap, curl, openssl;
-# docker-buildx where the release packages it). Elsewhere, or not root, it says what to run.
+# What it never does (docs/gpu-host.md): remove, replace, restart or reconfigure an engine it did
+# not install. Any engine present (a socket that answers, docker.service, dockerd, a docker-ce /
+# moby-engine / containerd.io / podman / docker.io package) means nothing engine-related is
+# installed; a stopped one is started through systemd or the command to run is printed. Every apt
+# install is simulated first and refused if it would remove a package; apt's output goes to
+# /var/log/sm120-stacks/apt.log and its error lines are shown. Packages install with service
+# starts forbidden (policy-rc.d), and the docker-registry package's own service (all interfaces,
+# :5000) is disabled: the only registry started is ours, on loopback. Installs on Debian and
+# Ubuntu as root; elsewhere it prints the commands to run.
 set -euo pipefail
 
 LOG_DIR=/var/log/sm120-stacks
+APT_LOG=$LOG_DIR/apt.log
+STATE_DIR=/var/lib/sm120-stacks
+ENGINE_MARK=$STATE_DIR/engine-installed-by-host-setup
 REGISTRY_CONFIG=/etc/sm120-stacks/registry.yml
-REGISTRY_DATA=/var/lib/sm120-stacks/registry
-REGISTRY=127.0.0.1:5000
+REGISTRY_DATA=$STATE_DIR/registry
+POLICY=/usr/sbin/policy-rc.d
+ENGINE_PACKAGES=(docker-ce docker-ce-cli moby-engine containerd.io podman docker.io)
+
 want_registry=0
-[[ "${1:-}" == --registry ]] && want_registry=1
+case "${1:-}" in
+  --registry) want_registry=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--registry]" >&2; exit 2 ;;
+esac
+script="$(readlink -f "${BASH_SOURCE[0]}")"
+fix_cmd="sudo $script${1:+ $1}"
 
 say() { echo "host-setup: $*" >&2; }
+have() { command -v "$1" >/dev/null 2>&1; }
+systemd_host() { [[ -d /run/systemd/system ]]; }
+installed() { [[ $(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null) == ii* ]]; }
 engine_up() { docker_ping >/dev/null 2>&1; }
 docker_ping() {
   if [[ -n "${DOCKER_HOST:-}" ]]; then docker version --format '{{.Server.Version}}'
-  else curl -sf --unix-socket /var/run/docker.sock http://localhost/_ping; fi
+  else curl -sf -m 5 --unix-socket /var/run/docker.sock http://localhost/_ping; fi
 }
-registry_up() { curl -sf --noproxy '*' "http://$REGISTRY/v2/" >/dev/null 2>&1; }
 
-# wait_for SECONDS LOG CMD...: poll CMD once a second; on timeout show LOG and fail.
+# The registry: SM120_STACKS_REGISTRY (the tool's and the tests' own setting) when it is a
+# loopback HOST:PORT; another registry is the user's to run, and is left alone.
+registry=${SM120_STACKS_REGISTRY:-127.0.0.1:5000}
+registry=${registry%%/*}
+if ((want_registry)) && [[ ! $registry =~ ^(127\.0\.0\.1|localhost):([0-9]+)$ ]]; then
+  say "SM120_STACKS_REGISTRY=$registry is not 127.0.0.1:PORT: host-setup starts no registry for it"
+  want_registry=0
+fi
+port=${registry##*:}
+
+# registry_state: ours (a registry answering 200 on /v2/ without auth), free (nothing listens),
+# taken (something else answers: a registry asking for a login, or not a registry at all), or
+# unknown (something listens and curl is not installed yet).
+registry_state() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo free; return; }
+  have curl || { echo unknown; return; }
+  local head
+  head=$(curl -s -m 5 --noproxy '*' -o /dev/null -D - "http://127.0.0.1:$port/v2/" | tr -d '\r' || true)
+  if [[ $head == "HTTP/"*" 200"* ]] && grep -qi '^docker-distribution-api-version:' <<<"$head"; then
+    echo ours
+  else
+    echo "taken ${head%%$'\n'*}"
+  fi
+}
+
+port_taken() {
+  local answer=${1#taken}
+  say "port $port is taken: 127.0.0.1:$port answers${answer:+ '${answer# }'}${answer:- but not over HTTP}, not as an open registry"
+  say "  see what it is:  ss -ltnp 'sport = :$port'"
+  say "  if it is the docker-registry package's own service (on all interfaces; an earlier"
+  say "  host-setup left it enabled):  systemctl disable --now docker-registry"
+  say "    (without systemd: service docker-registry stop && update-rc.d docker-registry disable)"
+  say "  or use another port:  SM120_STACKS_REGISTRY=127.0.0.1:$((port + 1)) $script --registry"
+  say "    and the same SM120_STACKS_REGISTRY for make test / .ci/run"
+  exit 2
+}
+
+# wait_for SECONDS WHERE CMD...: poll CMD once a second; on timeout say where to look and fail.
 wait_for() {
-  local secs=$1 log=$2; shift 2
+  local secs=$1 where=$2; shift 2
   for ((i = 0; i < secs; i++)); do "$@" && return 0; sleep 1; done
-  say "timed out after ${secs}s waiting for: $*; last lines of $log:"
-  tail -n 40 "$log" >&2 || true
+  say "timed out after ${secs}s waiting for: $*"
+  if [[ -f $where ]]; then say "last lines of $where:"; tail -n 40 "$where" >&2 || true
+  else say "see: $where"; fi
   return 1
 }
 
-if engine_up && { ((want_registry == 0)) || registry_up; }; then exit 0; fi
+registry_ours() { [[ $(registry_state) == ours ]]; }
 
-script="$(readlink -f "${BASH_SOURCE[0]}")"
-fix_cmd="sudo $script${1:+ $1}"
-if [[ ! -r /etc/debian_version ]]; then
-  say "this machine is not Debian; start a Docker engine with BuildKit yourself"
-  ((want_registry)) && say "and a registry on $REGISTRY (e.g. docker run -d -p $REGISTRY:5000 registry:2)"
+# --- apt: simulated first, never removing a package, its output kept -------------------------
+
+# apt_errors FILE: the lines of apt's output that say why it failed (they go to stdout, which
+# a user would otherwise never see: "containerd.io : Conflicts: containerd" and the E: lines).
+apt_errors() {
+  grep -E '^(E|W): |unmet dependencies|^ [^ ]+ : |^ +(Pre)?Depends: |^ +(Conflicts|Breaks): ' "$1" \
+    | tail -n 25 | sed 's/^/  apt: /' >&2 || true
+}
+
+# apt_run FILE CMD...: CMD with its output in FILE and appended to the log.
+apt_run() {
+  local out=$1 rc=0; shift
+  { echo "== $(date -u +%FT%TZ) $*"; } >>"$APT_LOG"
+  DEBIAN_FRONTEND=noninteractive "$@" >"$out" 2>&1 || rc=$?
+  cat "$out" >>"$APT_LOG"
+  return $rc
+}
+
+# no_service_starts CMD...: CMD under a policy-rc.d that forbids every service start (101), so a
+# package's postinst starts nothing (docker-registry's would serve [::]:5000); the previous
+# policy-rc.d, if any, is put back.
+no_service_starts() {
+  local saved="" rc=0
+  if [[ -e $POLICY ]]; then saved=$(mktemp); cp -p "$POLICY" "$saved"; fi
+  printf '#!/bin/sh\n# written by sm120-stacks host-setup for one apt run\nexit 101\n' >"$POLICY"
+  chmod 755 "$POLICY"
+  "$@" || rc=$?
+  if [[ -n $saved ]]; then mv "$saved" "$POLICY"; else rm -f "$POLICY"; fi
+  return $rc
+}
+
+what_the_release_packages() {
+  local id version
+  id=$(. /etc/os-release && echo "${ID:-}") version=$(. /etc/os-release && echo "${VERSION_ID:-}")
+  case "$id $version" in
+    "debian 12") echo "docker.io 20.10 (BuildKit through DOCKER_BUILDKIT=1; no docker-buildx package)" ;;
+    debian*) echo "docker.io, and docker-buildx where the release has it" ;;
+    ubuntu*) echo "docker.io and docker-buildx from universe (24.04: both there)" ;;
+  esac
+}
+
+# apt_install PKG...: install those not installed yet, or refuse and say why.
+apt_install() {
+  local want=() p out removed missing=()
+  for p in "$@"; do installed "$p" || want+=("$p"); done
+  ((${#want[@]})) || return 0
+  out=$(mktemp)
+  if ! apt_run "$out" apt-get update -q; then
+    say "apt-get update failed; going on with the package lists already here (log: $APT_LOG):"
+    apt_errors "$out"
+  fi
+  if [[ " ${want[*]} " == *" docker.io "* ]] && apt_has docker-buildx; then want+=(docker-buildx); fi
+  for p in "${want[@]}"; do apt_has "$p" || missing+=("$p"); done
+  if ((${#missing[@]})); then
+    say "$os_name's package lists have no ${missing[*]}: nothing was installed"
+    [[ $os_id == ubuntu ]] && say "  they are in universe: add-apt-repository universe && apt-get update, then run again"
+    exit 2
+  fi
+  if ! apt_run "$out" apt-get install -s -y -q "${want[@]}"; then
+    say "apt refuses to install ${want[*]}; nothing was installed. apt says (log: $APT_LOG):"
+    apt_errors "$out"
+    exit 2
+  fi
+  removed=$(awk '/^(Remv|Purg) /{printf " %s", $2}' "$out")
+  if [[ -n $removed ]]; then
+    say "installing ${want[*]} would REMOVE${removed} (apt-get install -s); host-setup never"
+    say "  removes a package, so nothing was installed. Install ${want[*]} yourself, choosing"
+    say "  what to keep (apt-get install ${want[*]} shows the plan), or remove those first; then run again"
+    exit 2
+  fi
+  say "installing ${want[*]} (apt, services not started; log: $APT_LOG)"
+  if ! no_service_starts apt_run "$out" apt-get install -y -q "${want[@]}"; then
+    say "apt-get install failed (log: $APT_LOG):"
+    apt_errors "$out"
+    exit 1
+  fi
+  [[ " ${want[*]} " == *" docker-registry "* ]] && disable_packaged_registry
+  rm -f "$out"
+}
+
+# (here-strings, not pipes into grep -q: with pipefail a writer cut off early reads as false)
+apt_has() { grep -q '^ *Candidate: [^(]' <<<"$(apt-cache policy "$1" 2>/dev/null)"; }
+
+# The docker-registry package enables its own service, on :5000 of every interface: off, at once
+# and at boot. Ours runs with our loopback config only.
+disable_packaged_registry() {
+  if systemd_host; then
+    systemctl disable --now docker-registry.service >>"$APT_LOG" 2>&1 || true
+  elif [[ -x /etc/init.d/docker-registry ]] && have update-rc.d; then
+    update-rc.d docker-registry disable >>"$APT_LOG" 2>&1 || true
+  fi
+}
+
+# --- the engine ----------------------------------------------------------------------------------
+
+# engine_evidence: one line per sign of an installed engine (packages, unit, binary, socket).
+engine_evidence() {
+  local p d
+  for p in "${ENGINE_PACKAGES[@]}"; do installed "$p" && echo "package $p"; done
+  for d in /etc/systemd/system /lib/systemd/system /usr/lib/systemd/system; do
+    [[ -e $d/docker.service ]] && { echo "unit $d/docker.service"; break; }
+  done
+  have dockerd && echo "$(command -v dockerd)"
+  [[ -S /var/run/docker.sock ]] && echo "socket /var/run/docker.sock"
+  return 0
+}
+
+has_docker_unit() { grep -q '^unit ' <<<"$(engine_evidence)"; }
+
+# start_engine: the engine that is here, started the way it is meant to be: systemd's unit on a
+# systemd host (never a bare dockerd there), a bare dockerd only for the one host-setup installed
+# on a host without systemd (a container, CI); otherwise the command to run, and exit 2.
+start_engine() {
+  local found
+  found=$(engine_evidence | paste -sd, - | sed 's/,/, /g')
+  if systemd_host && has_docker_unit; then
+    say "the engine is installed but stopped ($found): systemctl start docker"
+    if ! systemctl start docker >>"$LOG_DIR/engine.log" 2>&1; then
+      say "systemctl start docker failed: see  systemctl status docker; journalctl -u docker"
+      exit 1
+    fi
+    wait_for 60 "journalctl -u docker" engine_up
+    say "started docker.service"
+  elif ! systemd_host && [[ -e $ENGINE_MARK ]]; then
+    say "starting dockerd (log: $LOG_DIR/dockerd.log)"
+    setsid dockerd >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
+    wait_for 60 "$LOG_DIR/dockerd.log" engine_up
+  else
+    say "an engine is installed ($found) but none answers on /var/run/docker.sock;"
+    say "  host-setup installs, replaces and restarts no engine it did not install. Start it:"
+    if [[ $found == *"package podman"* && $found != *docker* ]]; then
+      say "  systemctl enable --now podman.socket, then export DOCKER_HOST=unix:///run/podman/podman.sock"
+    elif systemd_host; then
+      say "  the way it was installed (no docker.service here), then run again"
+    elif [[ -x /etc/init.d/docker ]]; then
+      say "  service docker start"
+    else
+      say "  dockerd, the way this machine starts services, then run again"
+    fi
+    exit 2
+  fi
+}
+
+state=free
+if ((want_registry)); then state=$(registry_state); fi
+if engine_up && [[ $state == ours || $want_registry == 0 ]]; then exit 0; fi
+[[ $state == taken* ]] && port_taken "$state"
+if [[ -n "${DOCKER_HOST:-}" ]]; then
+  say "DOCKER_HOST=$DOCKER_HOST does not answer; host-setup manages only this machine's engine"
+  say "  start that engine, or unset DOCKER_HOST"
+  exit 2
+fi
+
+# The system: Debian and Ubuntu are handled; anything else is told what to run.
+os_id="" os_name="this system"
+if [[ -r /etc/os-release ]]; then
+  os_id=$(. /etc/os-release && echo "${ID:-}")
+  os_name=$(. /etc/os-release && echo "${PRETTY_NAME:-${ID:-this system}}")
+fi
+if [[ $os_id != debian && $os_id != ubuntu ]]; then
+  say "$os_name is not Debian or Ubuntu: host-setup installs nothing here. Run:"
+  engine_up || say "  a Docker engine with BuildKit (https://docs.docker.com/engine/install/), started"
+  ((want_registry)) && say "  a registry on 127.0.0.1:$port only: docker run -d -p 127.0.0.1:$port:5000 registry:2"
   exit 2
 fi
 if ((EUID != 0)); then
-  say "no Docker engine answers and installing one needs root: run  $fix_cmd"
+  say "no Docker engine answers$( ((want_registry)) && echo " or no registry on 127.0.0.1:$port") and setting them up needs root: run  $fix_cmd"
   exit 2
 fi
+mkdir -p "$LOG_DIR" "$STATE_DIR"
 
-# 1. Packages. Debian 12: engine 20.10 whose /usr/bin/docker builds with DOCKER_BUILDKIT=1;
-#    later releases package buildx separately as docker-buildx.
-pkgs=(docker.io docker-registry debootstrap curl openssl)
-if ! dpkg -s "${pkgs[@]}" >/dev/null 2>&1; then
-  say "installing ${pkgs[*]} (apt)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  if apt-cache show docker-buildx >/dev/null 2>&1; then pkgs+=(docker-buildx); fi
-  apt-get install -y -q "${pkgs[@]}" >/dev/null
+# 1. What an engine is already here (whoever installed it), and the packages to install.
+mapfile -t engine_found < <(engine_evidence)
+pkgs=()
+have curl || pkgs+=(curl)
+((want_registry)) && pkgs+=(docker-registry debootstrap openssl)
+if ((${#engine_found[@]} == 0)) && ! engine_up; then
+  pkgs+=(docker.io)
+  say "no engine here; $os_name: $(what_the_release_packages)"
 fi
-mkdir -p "$LOG_DIR"
+apt_install "${pkgs[@]}"
+installed docker.io && [[ " ${pkgs[*]} " == *" docker.io "* ]] && touch "$ENGINE_MARK"
 
-# 2. The engine. Under systemd, let it own the daemon; in a container or a bare VM, start it.
-if ! engine_up; then
-  if [[ -d /run/systemd/system ]] && systemctl start docker 2>/dev/null; then
-    say "started docker.service"
-  else
-    say "starting dockerd (log: $LOG_DIR/dockerd.log)"
-    setsid dockerd >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
-  fi
-  wait_for 60 "$LOG_DIR/dockerd.log" engine_up
-fi
+# 2. The engine: ours, or the one that was here, through its own service manager.
+engine_up || start_engine
 
-# 3. The local registry (distribution 2.8), loopback only, no auth.
-if ((want_registry)) && ! registry_up; then
-  mkdir -p "$(dirname "$REGISTRY_CONFIG")" "$REGISTRY_DATA"
-  cat >"$REGISTRY_CONFIG" <<YAML
+# 3. The local registry (distribution 2.8), loopback only, no auth, our config only.
+if ((want_registry)); then
+  state=$(registry_state)
+  [[ $state == taken* ]] && port_taken "$state"
+  if [[ $state != ours ]]; then
+    mkdir -p "$(dirname "$REGISTRY_CONFIG")" "$REGISTRY_DATA"
+    cat >"$REGISTRY_CONFIG" <<YAML
 version: 0.1
 log:
   level: warn
@@ -84,9 +297,12 @@ storage:
   delete:
     enabled: true
 http:
-  addr: $REGISTRY
+  addr: 127.0.0.1:$port
 YAML
-  say "starting docker-registry on $REGISTRY (log: $LOG_DIR/registry.log)"
-  setsid docker-registry serve "$REGISTRY_CONFIG" >>"$LOG_DIR/registry.log" 2>&1 </dev/null &
-  wait_for 30 "$LOG_DIR/registry.log" registry_up
+    say "starting docker-registry on 127.0.0.1:$port (log: $LOG_DIR/registry.log)"
+    # env -i: no REGISTRY_HTTP_ADDR or other REGISTRY_* variable can override the config.
+    setsid env -i PATH="$PATH" docker-registry serve "$REGISTRY_CONFIG" \
+      >>"$LOG_DIR/registry.log" 2>&1 </dev/null &
+    wait_for 30 "$LOG_DIR/registry.log" registry_ours
+  fi
 fi
