@@ -19,6 +19,7 @@ from rich.table import Table
 from builder.cli.app import Settings, out
 from builder.engine.hostprobe import gather
 from builder.errors import EXIT_BAD_INPUT, StackError
+from builder.evidence.trust import TrustPolicy
 from builder.hosts import remote
 from builder.hosts.drift import Report
 from builder.hosts.drift import verify as verify_host
@@ -36,6 +37,7 @@ from builder.hosts.fleet import (
     warm_gate,
 )
 from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
+from builder.hosts.trustdrift import trust_drifts
 from builder.hosts.warmth import WarmPolicy, proof_of, restorer, warm_summary
 from builder.spec.resolve import ResolvedStack
 
@@ -52,21 +54,30 @@ def all_pins(hosts_dir: Path) -> list[Pin]:
     return [load_pin(hosts_dir, host) for host in hosts]
 
 
-def one_report(pin: Pin, default: str | None) -> Report:
+def one_report(pin: Pin, default: str | None, trust: TrustPolicy | None = None) -> Report:
     """verify for one pin, on its own engine (default: the command's, for a pin naming none),
-    its prerequisites read on that host."""
+    its prerequisites read on that host; its evidence's keys against the trust policy."""
     engine, why = remote.try_connect(pin, default)
     report = verify_host(pin, engine, why, gather(engine, why, remote.probe(pin, default)))
+    report.drifts += trust_drifts(pin, trust)
     if engine is not None and "state" not in {d.name for d in report.drifts}:
         report.warm = warm_summary(pin, engine)
     return report
 
 
-def verify_pins(pins: list[Pin], as_json: bool, default: str | None, every: bool) -> None:
+def verify_pins(
+    pins: list[Pin],
+    as_json: bool,
+    default: str | None,
+    every: bool,
+    trust: TrustPolicy | None = None,
+) -> None:
     """Drift of the given hosts (one, or every pinned host with --all) in one table, printed
     alike for one host or many; exit 1 when any host drifts. JSON: the report of HOST, or the
     list of every host's with --all."""
-    reports = [(pin, remote.describe(pin, default), one_report(pin, default)) for pin in pins]
+    reports = [
+        (pin, remote.describe(pin, default), one_report(pin, default, trust)) for pin in pins
+    ]
     if as_json:
         documents = [report.to_json() for _, _, report in reports]
         click.echo(json.dumps(documents if every else documents[0], indent=2))

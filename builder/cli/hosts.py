@@ -24,11 +24,12 @@ from builder.cli.app import (
     user_errors,
 )
 from builder.cli.fleet import all_pins, deploy_pins, verify_pins
+from builder.cli.keys import allow_unsigned_option
 from builder.engine import address
 from builder.engine.address import check_address
 from builder.engine.hostprobe import Probe, gather, probe_for
 from builder.errors import StackError
-from builder.evidence.trust import host_policy
+from builder.evidence.trust import TrustPolicy, host_policy
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
@@ -129,6 +130,7 @@ def _hosts_dir(settings: Settings, value: Path | None) -> Path:
     help="Pin an image whose smoke never served on the host's GPU kind (the pin records it; "
     "`verify` and `list` show it).",
 )
+@allow_unsigned_option
 @hosts_dir_option
 @pass_settings
 @user_errors
@@ -149,6 +151,7 @@ def pin(
     user: str | None,
     no_auth: bool,
     allow_unserved: bool,
+    allow_unsigned: bool,
     hosts_dir: Path | None,
 ) -> None:
     """Pin HOST to the tested, pushed image of STACK's current content: hosts/HOST.yaml.
@@ -170,8 +173,13 @@ def pin(
     repository = Registry.parse(registry).repository if registry else None
     if host_engine is not None:
         check_address(host_engine, key="--engine")
+    trust = host_policy(_hosts_dir(settings, hosts_dir))  # a bad policy: refused before all
+    evidence_keys: tuple[str, ...] = ()
+    unsigned = False
     if record.tests != "passed" or not record.pushed:
-        record = _record_from_registry(registry, stack, content_hash, record)
+        record, evidence_keys, unsigned = _record_from_registry(
+            registry, stack, content_hash, record, trust, allow_unsigned
+        )
     if repository not in (None, *record.pushed) and not given_here(
         click.get_current_context(), "registry"
     ):
@@ -188,6 +196,8 @@ def pin(
         engine=host_engine,
         gpu_kind=gpu_kind,
         allow_unserved=allow_unserved,
+        allow_unsigned=unsigned,
+        evidence_keys=evidence_keys,
         api_key_file=api_key_file,
         no_auth=no_auth,
         user=user,
@@ -207,20 +217,42 @@ def pin(
 
 
 def _record_from_registry(
-    registry: str | None, stack: str, content_hash: str, local: Record
-) -> Record:
-    """What the registry's evidence says of the image, where this build folder knows less."""
+    registry: str | None,
+    stack: str,
+    content_hash: str,
+    local: Record,
+    trust: TrustPolicy | None = None,
+    allow_unsigned: bool = False,
+) -> tuple[Record, tuple[str, ...], bool]:
+    """What the registry's evidence says of the image, where this build folder knows less,
+    under the hosts' trust policy; the key ids it was signed with, and whether a document was
+    relied on unsigned (--allow-unsigned)."""
     from builder.cli.evidence import print_verdicts
     from builder.evidence.reader import has_image, read_evidence
 
     if registry is None:
-        return local  # make_pin says what is missing, and how to get it
+        return local, (), False  # make_pin says what is missing, and how to get it
     source = Registry.parse(registry)
     if not has_image(source, stack, content_hash):
-        return local  # not in that registry either: make_pin says what is missing
-    evidence = read_evidence(source, stack, content_hash)
+        return local, (), False  # not in that registry either: make_pin says what is missing
+    evidence = read_evidence(
+        source, stack, content_hash, trust=trust, allow_unsigned=allow_unsigned
+    )
     print_verdicts(evidence)
-    return evidence.record()
+    if evidence.signed_by:
+        click.echo(f"  signed by: {', '.join(_key_names(trust, evidence.signed_by))}")
+    if evidence.unsigned:
+        click.echo(
+            f"warning: relied on {len(evidence.unsigned)} unsigned documents (--allow-unsigned, "
+            "recorded in the pin; drift reports it)",
+            err=True,
+        )
+    return evidence.record(), tuple(evidence.signed_by), bool(evidence.unsigned)
+
+
+def _key_names(trust: TrustPolicy | None, key_ids: list[str]) -> list[str]:
+    names = [trust.name_of(k) if trust else None for k in key_ids]
+    return [f"{name or 'key'} ({key[:16]})" for name, key in zip(names, key_ids, strict=True)]
 
 
 def _host_gpu_kind(host_engine: str | None) -> str | None:
@@ -386,7 +418,7 @@ def drift(
     folder = _hosts_dir(settings, hosts_dir)
     _one_or_all(host, every)
     pins = all_pins(folder) if every else [load_pin(folder, str(host))]
-    verify_pins(pins, as_json, settings.engine_address(), every)
+    verify_pins(pins, as_json, settings.engine_address(), every, host_policy(folder))
 
 
 #: `verify` was this command's name until 2026-12-02, when builder/verify/ (which implements

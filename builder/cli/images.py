@@ -19,6 +19,7 @@ from builder.cli.app import (
     require_pinned_bases,
     user_errors,
 )
+from builder.cli.keys import allow_unsigned_option, read_signing_key, signing_key_option
 from builder.engine.progress import LayerProgress
 from builder.engine.protocol import Engine
 from builder.errors import StackError
@@ -208,16 +209,20 @@ def build(
 @click.argument("stack")
 @registry_option("The registry to push to")
 @click.option("--force", is_flag=True, help="Push even when the image's tests did not pass.")
+@signing_key_option
 @engine_option
 @pass_settings
 @user_errors
-def push(settings: Settings, stack: str, registry: str | None, force: bool) -> None:
+def push(
+    settings: Settings, stack: str, registry: str | None, force: bool, signing_key: str | None
+) -> None:
     """Push the stack's current image (content tag and moving tag) and its evidence beside it
-    (verdicts and test report, SBOM, provenance); print its digest. Recorded as pushed only
-    once every document is in the registry."""
+    (verdicts and test report, SBOM, provenance), each signed with --signing-key (the build
+    key); print its digest. Recorded as pushed only once every document is in the registry."""
     from builder.evidence.publish import publish
     from builder.image.buildclient import detect_build_client
 
+    signer = read_signing_key(signing_key)  # a bad key file: refused before anything moves
     resolved = settings.checked(stack)
     rendered = settings.render(resolved)
     engine = settings.connect()
@@ -225,7 +230,7 @@ def push(settings: Settings, stack: str, registry: str | None, force: bool) -> N
     layers = layer_lines("push", target.ref(content_tag(stack, rendered.content_hash())))
     client = detect_build_client(memo=memo_path(settings.build_dir)).kind
     published = publish(
-        engine, target, resolved, rendered, settings.build_dir, client, force, layers
+        engine, target, resolved, rendered, settings.build_dir, client, force, layers, signer
     )
     layers.finish()
     click.echo(published.digest_ref)
@@ -237,28 +242,40 @@ def push(settings: Settings, stack: str, registry: str | None, force: bool) -> N
 @cli.command()
 @click.argument("stack")
 @registry_option("The registry to pull from")
+@allow_unsigned_option
 @engine_option
 @pass_settings
 @user_errors
-def pull(settings: Settings, stack: str, registry: str | None) -> None:
+def pull(settings: Settings, stack: str, registry: str | None, allow_unsigned: bool) -> None:
     """Pull the image of the stack's current content hash, with the verdicts its evidence in
-    the registry gives (checked: they must name the image and be intact); they are recorded
-    here, so `pin` can rely on them."""
+    the registry gives (checked: they must name the image and be intact, and with a trust
+    policy in the hosts folder, signed by keys it trusts); they are recorded here, so `pin`
+    can rely on them."""
     rendered = settings.render(settings.checked(stack))
-    _pull(settings, rendered, settings.connect(), Registry.parse(registry), "{ref}")
+    source = Registry.parse(registry)
+    _pull(settings, rendered, settings.connect(), source, "{ref}", allow_unsigned)
 
 
 def _pull(
-    settings: Settings, rendered: RenderedContext, engine: Engine, source: Registry, said: str
+    settings: Settings,
+    rendered: RenderedContext,
+    engine: Engine,
+    source: Registry,
+    said: str,
+    allow_unsigned: bool = False,
 ) -> None:
     """`pull`'s and `build --pull-or-build`'s pull: the image with its evidence (read, checked
     and recorded by evidence/pull.py), its progress on stderr, said (with {ref}) and the
     verdicts on stdout."""
     from builder.cli.evidence import print_verdicts
     from builder.evidence.pull import pull_with_evidence
+    from builder.evidence.trust import host_policy
 
+    trust = host_policy(settings.hosts_dir)
     layers = layer_lines("pull", source.ref(content_tag(rendered.stack, rendered.content_hash())))
-    pulled = pull_with_evidence(rendered, settings.build_dir, engine, source, layers)
+    pulled = pull_with_evidence(
+        rendered, settings.build_dir, engine, source, layers, trust, allow_unsigned
+    )
     layers.finish()
     click.echo(said.format(ref=pulled.ref))
     print_verdicts(pulled.evidence)

@@ -95,3 +95,13 @@ def read_signing_key(value: str | None) -> SigningKey | None:
     """The key --signing-key (or its variable) names; None when neither is set."""
     path = signing_key_path(value, "--signing-key")
     return None if path is None else load_signing_key(path)
+
+
+#: Migration only: rely on evidence the trust policy would refuse as unsigned (recorded in the
+#: pin; `drift` reports it as a drift named `unsigned`).
+allow_unsigned_option = click.option(
+    "--allow-unsigned",
+    is_flag=True,
+    help="Rely on unsigned evidence although the hosts' trust policy (trust.yaml) asks for "
+    "signatures: for migration only (a pin records it; drift reports it).",
+)

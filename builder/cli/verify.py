@@ -21,9 +21,11 @@ from builder.cli.app import (
     registry_option,
     user_errors,
 )
+from builder.cli.keys import read_signing_key, signing_key_option
 from builder.engine.progress import Say
 from builder.engine.protocol import Engine
 from builder.errors import StackError
+from builder.evidence.keys import SigningKey
 from builder.image.cabundle import resolve_ca_bundle
 from builder.spec.checkpoint import check_checkpoint
 from builder.spec.mounts import SYNTAX, parse_mount
@@ -319,6 +321,7 @@ def _smoke_runner(
     help="With --record: the server's GPU as nvidia-smi names it (default: read here, where "
     "the server is local).",
 )
+@signing_key_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @pass_settings
 @user_errors
@@ -336,6 +339,7 @@ def smoke_command(
     record: bool,
     registry: str | None,
     gpu_kind: str | None,
+    signing_key: str | None,
     as_json: bool,
 ) -> None:
     """Judge a running server with the stack's smoke: answers, garbage, runtime compiles, TTFT,
@@ -355,6 +359,7 @@ def smoke_command(
                 key=option,
                 hint=f"add --record, or leave out {option}",
             )
+    signer = read_signing_key(signing_key) if record else None  # before the smoke, too
     if record:  # its form is checked before the smoke, not after minutes of it
         from builder.image.registry import Registry
 
@@ -387,7 +392,7 @@ def smoke_command(
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
     if record:
-        _record_served(settings, resolved, result.to_json(), registry, gpu_kind)
+        _record_served(settings, resolved, result.to_json(), registry, gpu_kind, signer)
     if not result.passed:
         raise SystemExit(1)
 
@@ -398,8 +403,10 @@ def _record_served(
     report: dict[str, Any],
     registry: str | None,
     gpu_kind: str | None,
+    signer: SigningKey | None = None,
 ) -> None:
-    """The smoke's served verdict, added to the evidence of the stack's current image."""
+    """The smoke's served verdict, added to the evidence of the stack's current image, signed
+    by signer (the operator's key) where given."""
     from builder.engine.hostprobe import gather
     from builder.evidence.attach import attach_served
     from builder.evidence.reader import read_evidence
@@ -420,7 +427,7 @@ def _record_served(
         )
     verdict = served_verdict(stack, report, facts, "smoke --url", gpu_kind)
     local = load_record(settings.build_dir, stack.name, content_hash)
-    attached = attach_served(target, evidence.digest, local, verdict, report)
+    attached = attach_served(target, evidence.digest, local, verdict, report, signer)
     local.add_served(verdict)
     save_record(settings.build_dir, local)
     state = "passed" if verdict.passed else "failed"

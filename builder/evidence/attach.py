@@ -24,7 +24,9 @@ from builder.evidence.documents import (
     ProvenanceInputs,
     SbomInputs,
 )
+from builder.evidence.keys import SigningKey
 from builder.evidence.oci import ArtifactStore, Descriptor
+from builder.evidence.signing import ENVELOPE_MEDIA_TYPE, seal
 from builder.image.names import local_ref
 from builder.image.records import Record, ServedVerdict
 from builder.image.registry import Registry
@@ -93,8 +95,10 @@ def attach_evidence(
     record: Record,
     digest_ref: str,
     build_client: str,
+    signer: SigningKey | None = None,
 ) -> list[Descriptor]:
-    """The verdict document, SBOM and provenance of the image pushed as digest_ref."""
+    """The verdict document, SBOM and provenance of the image pushed as digest_ref, each a
+    DSSE envelope signed by signer (the build key) where given (evidence/signing.py)."""
     store = ArtifactStore(registry)
     digest = digest_ref.rpartition("@")[2]
     subject = store.image(digest)
@@ -150,8 +154,23 @@ def attach_evidence(
             KIND_ANNOTATION: kind,
             TRANSPORT_ANNOTATION: store.transport,
         }
-        pushed.append(store.attach(subject, media_type, media_type, payload, annotations))
+        layer_type, body = _signed(kind, media_type, payload, registry, digest, signer)
+        pushed.append(store.attach(subject, media_type, layer_type, body, annotations))
     return pushed
+
+
+def _signed(
+    kind: str,
+    media_type: str,
+    payload: bytes,
+    registry: Registry,
+    digest: str,
+    signer: SigningKey | None,
+) -> tuple[str, bytes]:
+    """The layer's media type and bytes: the document as is, or its signed envelope."""
+    if signer is None:
+        return media_type, payload
+    return ENVELOPE_MEDIA_TYPE, seal(kind, payload, registry.repository, digest, signer)
 
 
 def attach_served(
@@ -160,8 +179,10 @@ def attach_served(
     record: Record,
     verdict: ServedVerdict,
     report: dict[str, Any],
+    signer: SigningKey | None = None,
 ) -> Descriptor:
-    """A served verdict from a deployed host, as one more verdict document of the image."""
+    """A served verdict from a deployed host, as one more verdict document of the image,
+    signed by signer (the operator's key) where given."""
     store = ArtifactStore(registry)
     subject = store.image(digest)
     one = record.model_copy(update={"served": [verdict], "static": None, "tests": None})
@@ -171,9 +192,10 @@ def attach_served(
         KIND_ANNOTATION: "verdict",
         TRANSPORT_ANNOTATION: store.transport,
     }
-    return store.attach(
-        subject, VERDICT_TYPE, VERDICT_TYPE, documents.canonical(document), annotations
+    layer_type, body = _signed(
+        "verdict", VERDICT_TYPE, documents.canonical(document), registry, digest, signer
     )
+    return store.attach(subject, VERDICT_TYPE, layer_type, body, annotations)
 
 
 def _report(record: Record) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from builder.engine.protocol import Engine, OnLayer
 from builder.errors import OperationFailed, StackError
 from builder.evidence.attach import attach_evidence
+from builder.evidence.keys import SigningKey
 from builder.evidence.oci import Descriptor
 from builder.image.distribute import Pushed, abandon_push, finish_push, push_stack
 from builder.image.records import load_record
@@ -37,13 +38,15 @@ def publish(
     build_client: str,
     force: bool = False,
     progress: OnLayer | None = None,
+    signer: SigningKey | None = None,
 ) -> Published:
-    """The image and every evidence document in the registry, then recorded as pushed."""
+    """The image and every evidence document in the registry (signed by signer, the build
+    key, where given), then recorded as pushed."""
     pushed = push_stack(rendered, build_dir, engine, registry, force=force, progress=progress)
     record = load_record(build_dir, pushed.stack, pushed.content_hash)
     try:
         artifacts = attach_evidence(
-            engine, registry, stack, rendered, record, pushed.digest_ref, build_client
+            engine, registry, stack, rendered, record, pushed.digest_ref, build_client, signer
         )
     except (StackError, OperationFailed) as exc:
         abandon_push(pushed, build_dir, engine, registry)

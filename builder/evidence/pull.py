@@ -14,6 +14,7 @@ from pathlib import Path
 
 from builder.engine.protocol import Engine, OnLayer
 from builder.evidence.reader import Evidence, read_evidence
+from builder.evidence.trust import TrustPolicy
 from builder.image.distribute import pull_stack
 from builder.image.records import load_record, save_record
 from builder.image.registry import Registry
@@ -33,11 +34,15 @@ def pull_with_evidence(
     engine: Engine,
     registry: Registry,
     progress: OnLayer | None = None,
+    trust: TrustPolicy | None = None,
+    allow_unsigned: bool = False,
 ) -> Pulled:
     """The image of the stack's current content hash, pulled and tagged, with its verdicts
     recorded here and the push it came from."""
     stack, content_hash = rendered.stack, rendered.content_hash()
-    evidence = read_evidence(registry, stack, content_hash)
+    evidence = read_evidence(
+        registry, stack, content_hash, trust=trust, allow_unsigned=allow_unsigned
+    )
     ref = pull_stack(rendered, build_dir, engine, registry, progress)
     record = load_record(build_dir, stack, content_hash)  # pull_stack attached the image
     record.take(evidence.record())

@@ -30,10 +30,12 @@ from builder.evidence.documents import (
     sbom_summary,
 )
 from builder.evidence.oci import ArtifactStore, Descriptor, ManifestUnknown
+from builder.evidence.trust import TrustPolicy
+from builder.evidence.vouching import Opened, open_document
 from builder.image.names import content_tag
 from builder.image.records import Record
 from builder.image.registry import Registry
-from builder.image.verdicts import Verdicts, merge, recency
+from builder.image.verdicts import Verdicts, gpu_kind_key, merge, recency
 
 
 @dataclass
@@ -54,6 +56,10 @@ class Evidence:
     artifacts: list[Descriptor] = field(default_factory=list)
     #: Warm-cache artifacts of the image (builder/warm/), counted, not read.
     warm_caches: int = 0
+    #: The key ids the trust policy trusted for the documents relied on (issue 35).
+    signed_by: list[str] = field(default_factory=list)
+    #: Documents relied on unsigned under a policy (--allow-unsigned).
+    unsigned: list[str] = field(default_factory=list)
 
     @property
     def ref(self) -> str:
@@ -100,15 +106,23 @@ def has_image(registry: Registry, stack: str, content_hash: str) -> bool:
 
 
 def read_evidence(
-    registry: Registry, stack: str, content_hash: str | None = None, reference: str | None = None
+    registry: Registry,
+    stack: str,
+    content_hash: str | None = None,
+    reference: str | None = None,
+    trust: TrustPolicy | None = None,
+    allow_unsigned: bool = False,
 ) -> Evidence:
     """The evidence of the image tagged with stack's content tag (or reference: a tag or
-    sha256 digest). content_hash, when given, must be what the verdict names."""
+    sha256 digest). content_hash, when given, must be what the verdict names. trust: the
+    hosts' policy, which every document must satisfy (evidence/vouching.py), and which needs
+    a verdict, an SBOM and a provenance."""
     store = ArtifactStore(registry)
     tag = reference or (content_tag(stack, content_hash) if content_hash else stack)
     image = store.image(tag)
     artifacts, found_by = store.referrers(image.digest)
     verdicts: list[VerdictDocument] = []
+    signed: set[int] = set()  # the verdicts that came signed: they outrank unsigned ones
     evidence = Evidence(registry.repository, image.digest, found_by, stack, "")
     for descriptor in artifacts:
         manifest = store.manifest(descriptor)
@@ -123,10 +137,13 @@ def read_evidence(
             raise _refused(image.digest, f"artifact {descriptor.digest} has {len(layers)} layers")
         layer = Descriptor.of(layers[0])
         kind = manifest.get("artifactType") or descriptor.artifact_type
-        payload = store.blob(layer)
+        opened = _open(store, layer, str(kind), descriptor, evidence, trust, allow_unsigned)
+        payload = opened.payload
         evidence.artifacts.append(descriptor)
         if kind == VERDICT_TYPE:
             verdicts.append(_verdict(payload, image.digest, descriptor))
+            if opened.signed:
+                signed.add(id(verdicts[-1]))
         elif kind == SBOM_TYPE:
             evidence.sbom = sbom_summary(_json(payload, descriptor, image.digest))
         elif kind == PROVENANCE_TYPE:
@@ -142,14 +159,66 @@ def read_evidence(
             hint=f"on the machine that tested it, `sm120-stacks push {stack}` again; or test "
             f"it here: sm120-stacks test {stack}",
         )
-    _merge(evidence, verdicts, content_hash)
+    if trust is not None:
+        _require_all(evidence, trust)
+    _merge(evidence, verdicts, content_hash, signed)
     return evidence
 
 
-def _merge(evidence: Evidence, documents: list[VerdictDocument], content_hash: str | None) -> None:
+#: The kind of each evidence artifact, as evidence/signing.py names predicates.
+_KINDS = {VERDICT_TYPE: "verdict", SBOM_TYPE: "sbom", PROVENANCE_TYPE: "provenance"}
+
+
+def _open(
+    store: ArtifactStore,
+    layer: Descriptor,
+    artifact_type: str,
+    descriptor: Descriptor,
+    evidence: Evidence,
+    trust: TrustPolicy | None,
+    allow_unsigned: bool,
+) -> Opened:
+    """The document of one evidence artifact, opened and (under a policy) vouched for
+    (evidence/vouching.py); the keys it rests on and an unsigned reliance noted in evidence.
+    An artifact of a kind this reader does not know is passed on as it is."""
+    raw = store.blob(layer)
+    kind = _KINDS.get(artifact_type)
+    if kind is None:
+        return Opened(raw)
+    name = f"{kind} {descriptor.digest[:19]}"
+    opened = open_document(
+        kind, name, raw, layer.media_type, evidence.digest, trust, allow_unsigned
+    )
+    evidence.signed_by += [k for k in opened.key_ids if k not in evidence.signed_by]
+    if trust is not None and not opened.signed:
+        evidence.unsigned.append(descriptor.digest)
+    return opened
+
+
+def _require_all(evidence: Evidence, trust: TrustPolicy) -> None:
+    """Under a policy a pin rests on every document it names, not a verdict alone."""
+    missing = [
+        n for n, v in (("SBOM", evidence.sbom), ("provenance", evidence.provenance)) if not v
+    ]
+    if missing:
+        raise _refused(
+            evidence.digest,
+            f"the trust policy ({trust.path}) needs a signed verdict, SBOM and provenance, and "
+            f"the registry holds no {' and no '.join(missing)}",
+        )
+
+
+def _merge(
+    evidence: Evidence,
+    documents: list[VerdictDocument],
+    content_hash: str | None,
+    signed: set[int] | None = None,
+) -> None:
     """Every document's verdicts as one (verdicts.merge: the newest push's static verdict, the
-    newest served verdict per GPU kind); the newest push also says whether a base floated."""
-    documents = sorted(documents, key=lambda d: recency(d.recorded_at))
+    newest served verdict per GPU kind); the newest push also says whether a base floated.
+    A signed document (signed: their ids) outranks any unsigned one whatever its date."""
+    signed = signed or set()
+    documents = sorted(documents, key=lambda d: (id(d) in signed, recency(d.recorded_at)))
     for document in documents:
         if content_hash is not None and document.content_hash != content_hash:
             raise _refused(
@@ -160,7 +229,23 @@ def _merge(evidence: Evidence, documents: list[VerdictDocument], content_hash: s
         evidence.content_hash = document.content_hash
         if document.static is not None:
             evidence.floating_base = document.floating_base
-    evidence.verdicts = merge(documents)
+    evidence.verdicts = merge(_signed_first(documents, signed))
+
+
+def _signed_first(documents: list[VerdictDocument], signed: set[int]) -> list[VerdictDocument]:
+    """An unsigned document (relied on with --allow-unsigned) keeps only the served verdicts
+    of GPU kinds no signed document speaks for: its own dates cannot outrank a signature."""
+    if not signed:
+        return documents
+    kinds = {gpu_kind_key(s.gpu_kind) for d in documents if id(d) in signed for s in d.served}
+    return [
+        d
+        if id(d) in signed
+        else d.model_copy(
+            update={"served": [s for s in d.served if gpu_kind_key(s.gpu_kind) not in kinds]}
+        )
+        for d in documents
+    ]
 
 
 def _json(payload: bytes, descriptor: Descriptor, digest: str) -> dict[str, Any]:

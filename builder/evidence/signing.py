@@ -170,3 +170,27 @@ def _malformed(source: str, why: str, line: int | None = None) -> StackError:
         hint="evidence is a DSSE envelope over an in-toto statement; re-push the image's "
         "evidence with `sm120-stacks push` (it signs what it attaches)",
     )
+
+
+#: The predicate type of each evidence document, by the kind its artifact is annotated with.
+PREDICATE_OF_KIND = {
+    "verdict": VERDICT_PREDICATE,
+    "sbom": SBOM_PREDICATE,
+    "provenance": PROVENANCE_PREDICATE,
+}
+
+
+def seal(kind: str, payload: bytes, repository: str, digest: str, key: SigningKey) -> bytes:
+    """An evidence document (JSON bytes) as the DSSE envelope of a statement about the image:
+    the verdict and the SBOM become the predicate; the provenance is already an in-toto
+    statement of SLSA v1 and is signed as it is."""
+    document = json.loads(payload)
+    if kind == "provenance":
+        return sign(document, key)
+    return sign(statement(repository, digest, PREDICATE_OF_KIND[kind], document), key)
+
+
+def unseal(kind: str, statement_data: dict[str, Any]) -> bytes:
+    """The document a sealed statement carries, as JSON bytes (what seal was given)."""
+    document = statement_data if kind == "provenance" else statement_data["predicate"]
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()

@@ -27,6 +27,7 @@ from pydantic import Field, ValidationError
 from builder.errors import StackError
 from builder.evidence.keys import PublicKey, load_public_key
 from builder.evidence.signing import read_envelope, subject_digests
+from builder.image.verdicts import gpu_kind_key
 from builder.spec.knowledge import locate, validation_error
 from builder.spec.strict import Strict
 from builder.spec.yamlsafe import YamlDocument, dotted, load_yaml
@@ -93,7 +94,8 @@ class TrustPolicy:
             names: tuple[str, ...] = self.build
         else:
             per_kind = self.served if purpose == "served" else self.warm
-            names = per_kind.get(gpu_kind or "", ())
+            wanted = gpu_kind_key(gpu_kind or "")
+            names = next((n for k, n in per_kind.items() if gpu_kind_key(k) == wanted), ())
         return [self.keys[name] for name in names]
 
     def name_of(self, key_id: str) -> str | None:
@@ -232,5 +234,5 @@ def _refused(document: str, key_id: str | None, reason: str, policy: TrustPolicy
         f"{document}: {reason} [{key}]",
         file=policy.path,
         hint="only evidence signed by a key the trust policy names for this purpose counts; "
-        "--allow-unsigned (recorded in the pin, reported by verify) is for migration only",
+        "--allow-unsigned (recorded in the pin, reported by drift) is for migration only",
     )

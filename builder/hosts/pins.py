@@ -126,6 +126,14 @@ class Pin(Strict):
     served_on: Annotated[str, StringConstraints(max_length=200)] | None = None
     #: Pinned with --allow-unserved: `verify` shows it as a finding.
     allow_unserved: bool = False
+    #: Pinned with --allow-unsigned (evidence the trust policy would refuse): `drift` shows
+    #: it as a drift named `unsigned`.
+    allow_unsigned: bool = False
+    #: The key ids the registry evidence it rests on was signed with (issue 35): a key taken
+    #: out of the trust policy makes `drift` report the pin as `revoked`.
+    evidence_keys: list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
+        default_factory=list
+    )
     #: A file on the host holding the server's API key (never the key itself): mounted
     #: read-only into the container, read by vLLM (VLLM_API_KEY) or the in-image key gate
     #: (hosts/container.py). Needed to publish the serve port beyond loopback.
@@ -169,6 +177,10 @@ class PinOptions:
     gpu_kind: str | None = None
     #: Pin an image that never served on the host's GPU kind (recorded in the pin).
     allow_unserved: bool = False
+    #: Rely on unsigned evidence under a trust policy (recorded in the pin).
+    allow_unsigned: bool = False
+    #: The key ids the evidence relied on was signed with.
+    evidence_keys: tuple[str, ...] = ()
     #: The host's file holding the API key (its path goes into the pin, never the key).
     api_key_file: str | None = None
     #: The host's model folder (--models DIR), mounted read-only at /models as `test --models`
@@ -414,6 +426,8 @@ def make_pin(
         health=Health(start_period_s=m.smoke.health_timeout_s),
         served_on=served_on,
         allow_unserved=served_on is None and m.smoke.needs_gpu,
+        allow_unsigned=options.allow_unsigned,
+        evidence_keys=list(options.evidence_keys),
         api_key_file=_key_file(options.api_key_file),
         no_auth=options.no_auth,
         user=options.user,

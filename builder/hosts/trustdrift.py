@@ -1,0 +1,39 @@
+"""What `drift` says of a pin's evidence under the hosts' trust policy (issue 35).
+
+A pin remembers the key ids its registry evidence was signed with, and whether it was made
+with --allow-unsigned. A pin made unsigned is a drift named `unsigned` (migration only); a
+pin whose evidence rested on a key that is no longer in trust.yaml is a drift named
+`revoked`, naming the key: the key was rotated out or taken away, and the pin should be made
+again from evidence signed by a key the policy still trusts.
+"""
+
+from __future__ import annotations
+
+from builder.evidence.trust import TrustPolicy
+from builder.hosts.drift import Drift
+from builder.hosts.pins import Pin
+
+
+def trust_drifts(pin: Pin, policy: TrustPolicy | None) -> list[Drift]:
+    drifts = []
+    if pin.allow_unsigned:
+        drifts.append(
+            Drift(
+                "unsigned",
+                "pinned with --allow-unsigned: its evidence was relied on without a signature "
+                "the trust policy accepts",
+            )
+        )
+    if policy is None:
+        return drifts
+    trusted = {key.key_id for key in policy.keys.values()}
+    for key_id in pin.evidence_keys:
+        if key_id not in trusted:
+            drifts.append(
+                Drift(
+                    "revoked",
+                    f"its evidence rested on key {key_id[:16]}, which {policy.path.name} no "
+                    "longer names: pin it again from evidence signed by a trusted key",
+                )
+            )
+    return drifts
