@@ -32,6 +32,7 @@ from builder import REPO_ROOT
 from builder.hosts.container import SECRET_TARGET
 from builder.hosts.deploy import render_files
 from builder.hosts.pins import CACHE_TARGET, LABEL_HOST, PIN_SCHEMA, Pin, load_pin, write_pin
+from builder.image.names import content_tag
 from builder.image.records import CPU, ServedVerdict, load_record, save_record
 from builder.image.registry import Registry
 from builder.verify.chat import stream_chat
@@ -114,8 +115,9 @@ def _composed_up(compose: list[str], file: Path, api: Any, host: str) -> Iterato
 
 def _tested_and_pushed(
     cli_process: Callable[..., Any], workspace: Path, name: str, registry: Registry
-) -> None:
-    """The variant recorded as tested (its CPU smoke), as `test` records it, then pushed."""
+) -> tuple[str, ...]:
+    """The variant recorded as tested (its CPU smoke), as `test` records it, then pushed;
+    returns the registry-named tags the push left on the engine."""
     from builder.render.context import render
     from builder.spec.resolve import resolve
 
@@ -134,6 +136,7 @@ def _tested_and_pushed(
     record.tests, record.static, record.served = "passed", "passed", [verdict]
     save_record(workspace / "build", record)
     cli_process("push", name, "--registry", registry.host)
+    return registry.ref(content_tag(name, content_hash)), registry.ref(name)
 
 
 def test_compose_runs_a_ci_mini_pin_with_its_named_cache_volume(
@@ -147,7 +150,7 @@ def test_compose_runs_a_ci_mini_pin_with_its_named_cache_volume(
     tmp_path: Path,
 ) -> None:
     name = variant("compose-e2e", "env:\n  COMPOSE_TEST: '1'")
-    _tested_and_pushed(cli_process, workspace, name, registry)
+    pushed_tags = _tested_and_pushed(cli_process, workspace, name, registry)
     cache = f"sm120-compose-cache-{RUN}"
     port = free_port()
     hosts, out = tmp_path / "hosts", tmp_path / "out"
@@ -183,6 +186,9 @@ def test_compose_runs_a_ci_mini_pin_with_its_named_cache_volume(
     finally:
         with contextlib.suppress(Exception):
             api.volumes.get(cache).remove(force=True)
+        for ref in pushed_tags:
+            with contextlib.suppress(Exception):
+                api.images.remove(ref)
 
 
 #: Serves /health with 200 only when the key wrapper exported the file's key as VLLM_API_KEY.
