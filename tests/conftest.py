@@ -71,7 +71,10 @@ _engine_skips: list[str] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Engine tests run whenever an engine answers; without one they skip loudly, or fail in CI."""
+    """Engine tests run whenever an engine answers; without one they skip loudly, or fail in CI.
+    Tests that ask the real package index (marker `network`) likewise, when PyPI does not
+    answer."""
+    _skip_network_tests_loudly(config, items)
     engine_items = [item for item in items if item.get_closest_marker("engine")]
     if not engine_items:
         return
@@ -91,6 +94,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in engine_items:
             item.add_marker(pytest.mark.skip(reason=reason))
     _engine_skips.append(f"{len(engine_items)} engine tests NOT RUN: {reason}")
+
+
+def _skip_network_tests_loudly(config: pytest.Config, items: list[pytest.Item]) -> None:
+    network_items = [item for item in items if item.get_closest_marker("network")]
+    if not network_items:
+        return
+    import urllib.request
+
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/six/", timeout=10).close()
+        return
+    except OSError as exc:
+        reason = f"the package index does not answer (https://pypi.org: {exc})"
+    if REQUIRE_ENGINE:
+        config.option.sm120_engine_failure = reason
+    for item in network_items:
+        item.add_marker(pytest.mark.skip(reason=reason))
+    _engine_skips.append(f"{len(network_items)} network tests NOT RUN: {reason}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

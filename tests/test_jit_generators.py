@@ -23,6 +23,9 @@ from builder.spec.resolve import jit_modules_known, resolve, stack_names
 from tests.conftest import STACKS
 from tests.support.wheels import pinned_wheel
 
+#: Asks the real package index (PyPI): skipped loudly where it does not answer.
+pytestmark = pytest.mark.network
+
 JIT_STACKS = [n for n in stack_names(STACKS) if resolve(n, STACKS).jit_modules]
 FAMILY_STACKS = [
     n

@@ -8,10 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 
 from builder.lock.lockfile import make_lock
 from builder.spec.resolve import resolve
+
+#: Asks the real package index (PyPI): skipped loudly where it does not answer.
+pytestmark = pytest.mark.network
 
 
 def _small_stack(stacks_dir: Path, write_stack: Callable[..., Path], python: dict) -> Path:

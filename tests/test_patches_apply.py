@@ -18,6 +18,9 @@ from builder.verify.expectations import added_lines
 from tests.conftest import STACKS
 from tests.support.wheels import pinned_wheel
 
+#: Asks the real package index (PyPI): skipped loudly where it does not answer.
+pytestmark = pytest.mark.network
+
 
 def _patched_stacks() -> list[str]:
     return [n for n in stack_names(STACKS) if resolve(n, STACKS).manifest.patches]

@@ -498,3 +498,15 @@ def test_every_cache_layout_names_a_known_compile_kind() -> None:
     kinds = compile_kinds()
     for cache_id, layout in cache_layouts().items():
         assert layout.log_kind in kinds, f"{cache_id}: log_kind {layout.log_kind} is no kind"
+
+
+def test_a_compile_without_a_duration_is_unknown_not_zero() -> None:
+    """A compile line that gives no seconds leaves the kind's compile time unknown (None):
+    summing it as 0.0 claimed compiles that cost nothing."""
+    from builder.verify.compiles import LogEvent, summarize
+
+    kind = next(iter(compile_kinds()))
+    untimed = LogEvent(kind, "compile", "mod_a", None, 1, "compiling mod_a")
+    assert summarize([untimed])[0].compile_seconds is None
+    timed = LogEvent(kind, "compile", "mod_b", 2.5, 2, "compiled mod_b in 2.5 s")
+    assert summarize([untimed, timed])[0].compile_seconds == 2.5

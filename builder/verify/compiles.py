@@ -119,8 +119,9 @@ class KindSummary:
     loads: int = 0
     names: list[str] = field(default_factory=list)
     loaded: list[str] = field(default_factory=list)
-    #: Seconds the log itself reports for this kind's compiles (and its own totals, if any).
-    compile_seconds: float = 0.0
+    #: Seconds the log itself reports for this kind's compiles (and its own totals, if any);
+    #: None where no compile line gave a duration: unknown, never counted as 0.
+    compile_seconds: float | None = None
     total_seconds: float | None = None
     first_line: str = ""
 
@@ -178,7 +179,8 @@ def summarize(events: list[LogEvent]) -> list[KindSummary]:
         if item.event in COMPILING:
             summary.compiles += 1
             summary.first_line = summary.first_line or item.line
-            summary.compile_seconds += item.seconds or 0.0
+            if item.seconds is not None:
+                summary.compile_seconds = (summary.compile_seconds or 0.0) + item.seconds
             if item.name and item.name not in summary.names:
                 summary.names.append(item.name)
         elif item.event == "load":
