@@ -33,6 +33,7 @@ from builder.evidence.trust import TrustPolicy, host_policy
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding, check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
+from builder.hosts.trustdrift import refuse_revoked
 from builder.hosts.warmth import WarmPolicy
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
@@ -379,8 +380,9 @@ def deploy(
         require=require_warm,
         cold=cold,
         default_engine=settings.engine_address(),
-        trust=host_policy(folder) if apply_now and not cold else None,
+        trust=host_policy(folder) if apply_now else None,
     )
+    refuse_revoked(pins, warm.trust)
     deploy_pins(
         settings, folder, pins, out_of, apply_now, not no_smoke, gate_timeout, as_json, warm
     )

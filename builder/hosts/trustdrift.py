@@ -9,6 +9,7 @@ again from evidence signed by a key the policy still trusts.
 
 from __future__ import annotations
 
+from builder.errors import StackError
 from builder.evidence.trust import TrustPolicy
 from builder.hosts.drift import Drift
 from builder.hosts.pins import Pin
@@ -37,3 +38,24 @@ def trust_drifts(pin: Pin, policy: TrustPolicy | None) -> list[Drift]:
                 )
             )
     return drifts
+
+
+def refuse_revoked(pins: list[Pin], policy: TrustPolicy | None) -> None:
+    """deploy --apply starts nothing on evidence the policy no longer trusts: every pin whose
+    key was taken out of trust.yaml is named, before any container or volume is touched."""
+    if policy is None:
+        return
+    revoked = [
+        f"{pin.host}: {drift.detail}"
+        for pin in pins
+        for drift in trust_drifts(pin, policy)
+        if drift.name == "revoked"
+    ]
+    if revoked:
+        raise StackError(
+            "refusing to deploy pins whose evidence rests on a revoked key:\n  "
+            + "\n  ".join(revoked),
+            file=policy.path,
+            hint="pin each host again (`sm120-stacks pin HOST STACK --registry R`) once its "
+            "evidence is signed by a key the policy names",
+        )

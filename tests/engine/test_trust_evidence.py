@@ -13,12 +13,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from builder.errors import StackError
 from builder.evidence import documents
 from builder.evidence.keys import generate_key_pair, load_signing_key
 from builder.evidence.oci import ArtifactStore
@@ -26,12 +28,14 @@ from builder.evidence.reader import read_evidence
 from builder.evidence.signing import ENVELOPE_MEDIA_TYPE, seal
 from builder.evidence.trust import TrustPolicy, Untrusted, load_policy
 from builder.hosts.pins import Pin
-from builder.hosts.trustdrift import trust_drifts
+from builder.hosts.trustdrift import refuse_revoked, trust_drifts
 from builder.image.records import CPU, Record, ServedVerdict
 from builder.image.registry import Registry
 from tests.engine.conftest import pushed_local_base, unique
+from tests.engine.test_evidence import second_folder
 
 pytestmark = pytest.mark.engine
+__all__ = ["second_folder"]  # test_evidence's fixture, used here by name
 RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 CONTENT = "c" * 64
 
@@ -276,8 +280,9 @@ def test_rotation_keeps_both_keys_and_revocation_is_reported_by_verify(
     evidence = _read(registry, digest, rotated)
     old = rotated.keys["build"].key_id
     assert evidence.signed_by == [old]
-    pin = Pin.model_construct(allow_unsigned=False, evidence_keys=[old])
+    pin = Pin.model_construct(host="gpu-1", allow_unsigned=False, evidence_keys=[old])
     assert trust_drifts(pin, rotated) == []
+    refuse_revoked([pin], rotated)  # deploy --apply goes ahead
     document = json.loads((keys / "trust.yaml").read_text())
     del document["keys"]["build"]
     document["purposes"]["build"] = ["build-new"]
@@ -287,5 +292,65 @@ def test_rotation_keeps_both_keys_and_revocation_is_reported_by_verify(
         _read(registry, digest, retired)
     drifts = trust_drifts(pin, retired)
     assert [d.name for d in drifts] == ["revoked"] and old[:16] in drifts[0].detail
+    with pytest.raises(StackError, match="gpu-1: its evidence rested on key"):
+        refuse_revoked([pin], retired)  # deploy --apply starts nothing
     unsigned_pin = Pin.model_construct(allow_unsigned=True, evidence_keys=[])
     assert [d.name for d in trust_drifts(unsigned_pin, retired)] == ["unsigned"]
+
+
+EV_SIGNED = unique("ev-signed")
+
+
+def test_push_signs_and_pin_from_another_folder_relies_on_it_then_refuses_a_forgery(
+    variant: Any,
+    cli_process: Any,
+    workspace: Path,
+    registry: Registry,
+    second_folder: Path,
+    keys: Path,
+    tmp_path: Path,
+) -> None:
+    """The commands themselves: push with the build key named by SM120_STACKS_SIGNING_KEY,
+    pin under trust.yaml from a build folder with no records (the pin records the key id),
+    then an attacker's self-consistent unsigned verdict makes pin exit 2, nothing pinned."""
+    from builder.image.records import load_record, save_record
+    from builder.render.context import render
+    from builder.spec.resolve import resolve
+
+    name = variant(EV_SIGNED, "env:\n  EVIDENCE_TEST: 'signed'")
+    cli_process("build", name)
+    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+    record = load_record(workspace / "build", name, content_hash)
+    record.static, record.served = "passed", [_served(CPU)]
+    save_record(workspace / "build", record)
+    build_key = keys / "keys" / "build.key"
+    pushed = cli_process(
+        "push", name, "--registry", registry.host, env={"SM120_STACKS_SIGNING_KEY": str(build_key)}
+    )
+    assert build_key.read_text().splitlines()[1] not in pushed.stdout + pushed.stderr
+    digest = pushed.stdout.strip().splitlines()[0].rpartition("@")[2]
+
+    shutil.copy(workspace / "stacks" / f"{name}.yaml", second_folder / "stacks")
+    hosts = tmp_path / "hosts"
+    hosts.mkdir()
+    policy = _policy(keys, ["build"], {CPU: ["build"]})
+    shutil.copytree(keys / "keys", hosts / "keys")
+    shutil.copy(policy.path, hosts / "trust.yaml")
+    host = unique("signed-host")
+    args = ("pin", host, name, "--registry", registry.host, "--gpus", "none")
+    folder = ("--stacks-dir", str(second_folder / "stacks"), "--build-dir")
+    pinned = cli_process(*folder, str(second_folder / "build"), "--hosts-dir", str(hosts), *args)
+    assert f"@{digest}" in pinned.stdout and "signed by: build (" in pinned.stdout
+    pin_file = (hosts / f"{host}.yaml").read_text()
+    assert policy.keys["build"].key_id in pin_file
+
+    forged = json.loads(_documents(registry, digest, [_served(CPU)])["verdict"])
+    forged["recorded_at"] = "2099-01-01T00:00:00Z"
+    _attach(registry, digest, "verdict", documents.canonical(forged), None)
+    (hosts / f"{host}.yaml").unlink()
+    refused = cli_process(
+        *folder, str(second_folder / "build"), "--hosts-dir", str(hosts), *args, check=False
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "unsigned [no key]" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (hosts / f"{host}.yaml").exists()
