@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -739,6 +741,16 @@ class _ServingContainer:
     def logs(self, *, stdout: bool = True, stderr: bool = True) -> bytes:
         return self.log.encode()
 
+    def read_archive(self, path: str) -> Iterator[bytes]:
+        """The egress watch's file (verify/egress.py) as a server that reached nothing wrote it."""
+        line = json.dumps({"event": "watching", "pid": 1, "process": "vllm serve"}).encode()
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            info = tarfile.TarInfo(path.rsplit("/", 1)[-1])
+            info.size = len(line)
+            archive.addfile(info, io.BytesIO(line))
+        yield buffer.getvalue()
+
     def remove(self, *, force: bool = False) -> None:
         self.removed = True
         self.attrs["State"]["Running"] = False
@@ -753,6 +765,9 @@ class _SmokeEngine(_LocalEngine):
 
     def run(self, spec: ContainerSpec) -> Any:
         return self.serving if spec.command is None else super().run(spec)
+
+    def image(self, ref: str) -> None:
+        return None  # no image config: the smoke's egress watch is then alone on PYTHONPATH
 
 
 def test_run_smoke_lists_the_image_then_its_own_container(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from builder.files import write_atomic
 from builder.spec.resolve import ResolvedStack
 from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import CompileFindings, find_compiles, smoke_environment
+from builder.verify.egress import EgressWatch, judge_egress
 from builder.verify.garbage import answer_matches, garbage_reasons
 from builder.verify.kernel_cache import CacheWatches
 from builder.verify.owner import OWNER_LABEL, owner, reap_orphans
@@ -144,6 +145,7 @@ def run_smoke(
             if kernel_cache is not None:
                 kernel_cache.after(container)
             report.driver_cache = _driver_cache(container)
+            judge_egress(container, report, report_path)  # from process start to here
             _collect_log(container, report, report_path)
             _remove(container)
             _judge_kernel_cache(report, kernel_cache)
@@ -270,14 +272,18 @@ def _start(
     """The image's own CMD, its serve port on a free loopback port; None (a failed check) if not."""
     serve = stack.manifest.serve
     name = f"sm120-smoke-{stack.name}-{uuid.uuid4().hex[:8]}"
+    egress = EgressWatch.for_image(engine, image_ref)  # every Python process records its egress
     spec = ContainerSpec(
         image=image_ref,
         name=name,
         labels={"sm120-stacks.smoke": stack.name, OWNER_LABEL: owner()},
-        environment={**smoke_environment(), **DRIVER_ENV},
+        environment={**smoke_environment(), **DRIVER_ENV, **egress.environment},
         ports=(PortBinding(serve.port, "127.0.0.1"),),
         shm_size=serve.shm_size,
-        mounts=tuple(Mount(host, inside, read_only=True) for host, inside in mounts.items()),
+        mounts=(
+            *(Mount(host, inside, read_only=True) for host, inside in mounts.items()),
+            egress.mount,
+        ),
         gpus="all" if gpu else None,
     )
     log(f"smoke: starting {image_ref} ({'GPU' if gpu else 'no GPU'})")
