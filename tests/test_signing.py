@@ -264,3 +264,23 @@ def test_a_signing_key_is_named_by_its_file_never_given_itself(tmp_path: Path) -
     assert pasted.splitlines()[1] not in str(caught.value)
     assert "SigningKey(key_id=" in repr(load_signing_key(private))
     assert pasted.splitlines()[1] not in repr(load_signing_key(private))
+
+
+@pytest.mark.parametrize("command", [("push", "ci-mini"), ("cache", "capture", "gpu-1")])
+def test_a_bad_signing_key_is_refused_before_anything_moves(
+    tmp_path: Path, run_cli: Callable[..., Result], command: tuple[str, ...]
+) -> None:
+    """A truncated key file, or the key pasted in place of its path: exit 2, the key's bytes
+    in no output, before the engine or registry is asked anything."""
+    private, _, _ = generate_key_pair(tmp_path, "ops")
+    pasted = private.read_text()
+    truncated = tmp_path / "cut.key"
+    truncated.write_text(pasted[: len(pasted) // 2])
+    for given, says in (
+        (str(truncated), "not an unencrypted PEM private key"),
+        (pasted, "looks like a key"),
+    ):
+        result = run_cli(*command, "--signing-key", given)
+        assert result.exit_code == 2, result.output
+        assert says in result.output
+        assert pasted.splitlines()[1] not in result.output
