@@ -1,4 +1,5 @@
-"""Files written whole or not at all: a reader never sees half a lock, pin, record or report."""
+"""Files written whole or not at all (a reader never sees half a lock, pin, record or report),
+and the one way the tool tells that a file changed without reading it (every memo keys on it)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,22 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def fingerprint(path: str | os.PathLike[str]) -> str:
+    """What says a file changed without reading it: its size, mtime (ns) and inode, or
+    `missing`. The inode catches a file replaced by rename within the mtime's granularity."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return "missing"
+    return f"{stat.st_size} {stat.st_mtime_ns} {stat.st_ino}"
+
+
+def memo_path(build_dir: Path, name: str) -> Path:
+    """Where a build folder keeps a memo (answers worth remembering, never needed for
+    correctness: each is keyed on what decides it, and a damaged one is recomputed)."""
+    return build_dir / "cache" / name
 
 
 def _mode_for(path: Path) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from click.testing import Result
 
 from builder import REPO_ROOT
-from builder.cli.list_memo import listing_folders, memo_path
+from builder.cli.list_memo import listing_folders, listing_memo
 
 #: Prints the kept listing, or NONE, and which pipeline modules it imported.
 FAST = """
@@ -64,7 +64,7 @@ def test_an_edited_manifest_or_a_new_record_lists_afresh(
     assert _kept(build_dir, stacks_dir)[0] is None
     relisted = run_cli("list", stacks_dir=stacks_dir).output
     assert _kept(build_dir, stacks_dir)[0] == relisted
-    memo = json.loads(memo_path(build_dir).read_text())
+    memo = json.loads(listing_memo(build_dir).read_text())
     record = Path(next(r for r in memo["records"] if "/vllm-0.22-b12x/" in r))
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text("{}")  # `test` wrote the stack's record
@@ -76,7 +76,7 @@ def test_a_damaged_memo_lists_afresh(
 ) -> None:
     build_dir = tmp_path / "build"
     run_cli("list", stacks_dir=stacks_dir)
-    memo_path(build_dir).write_text('{"schema": 1, "key": 3')
+    listing_memo(build_dir).write_text('{"schema": 1, "key": 3')
     assert _kept(build_dir, stacks_dir)[0] is None
     assert run_cli("list", stacks_dir=stacks_dir).exit_code == 0
 

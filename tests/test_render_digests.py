@@ -63,7 +63,7 @@ def test_digest_cache_reuses_a_digest_while_size_and_mtime_hold(tmp_path: Path) 
     # A second command: the digest comes from the file, not from reading 3 MB again.
     entries = json.loads(store.read_text())
     key = str(big.resolve())
-    entries[key][2] = "0" * 64
+    entries[key][1] = "0" * 64
     store.write_text(json.dumps(entries))
     assert DigestCache(store).sha256(big) == "0" * 64
 

@@ -26,7 +26,7 @@ from builder.errors import StackError
 from builder.image import uptodate
 from builder.image.build import BuildOptions, build_stack
 from builder.image.buildcache import CacheSettings, registry_cache
-from builder.image.buildclient import detect_build_client, memo_path
+from builder.image.buildclient import client_memo, detect_build_client
 from builder.image.cabundle import resolve_ca_bundle
 from builder.image.distribute import registry_has_current
 from builder.image.names import content_tag, moving_ref
@@ -162,7 +162,7 @@ def build(
             _pull(settings, rendered, engine, target, f"pulled {{ref}} from {target.repository}")
             return
         click.echo(f"{target.repository} has no image of this content hash; building")
-    client = functools.cache(lambda: detect_build_client(memo=memo_path(settings.build_dir)))
+    client = functools.cache(lambda: detect_build_client(memo=client_memo(settings.build_dir)))
     if cache_export and client().kind != "buildx":
         raise StackError(
             f"--cache-to-registry needs buildx; this machine builds with {client().describe()}",
@@ -208,7 +208,9 @@ def build(
 @cli.command()
 @click.argument("stack")
 @registry_option("The registry to push to")
-@click.option("--force", is_flag=True, help="Push even when the image's tests did not pass.")
+@click.option(
+    "--force", is_flag=True, help="Push even when the image's static checks did not pass."
+)
 @signing_key_option
 @engine_option
 @pass_settings
@@ -228,7 +230,7 @@ def push(
     engine = settings.connect()
     target = Registry.parse(registry)
     layers = layer_lines("push", target.ref(content_tag(stack, rendered.content_hash())))
-    client = detect_build_client(memo=memo_path(settings.build_dir)).kind
+    client = detect_build_client(memo=client_memo(settings.build_dir)).kind
     published = publish(
         engine, target, resolved, rendered, settings.build_dir, client, force, layers, signer
     )

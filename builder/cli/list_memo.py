@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from builder.cli import console_width
+from builder.files import fingerprint as file_fingerprint
+from builder.files import memo_path as memo_file
 from builder.files import write_atomic
 from builder.image.uptodate import fingerprint
 
@@ -31,20 +33,15 @@ SCHEMA = 1
 DISPLAY_ENV = ("TERM", "COLORTERM", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE")
 
 
-def memo_path(build_dir: Path) -> Path:
-    return build_dir / "cache" / "list.json"
+def listing_memo(build_dir: Path) -> Path:
+    return memo_file(build_dir, "list.json")
 
 
 def _key(stacks_dir: Path, wheels: Sequence[str], records: Sequence[str]) -> str:
     """sha256 over the inputs' fingerprint, the records' metadata and the display."""
     digest = hashlib.sha256(fingerprint(stacks_dir, wheels).encode())
     for record in records:
-        try:
-            stat = os.stat(record)
-            facts = f"{stat.st_size} {stat.st_mtime_ns} {stat.st_ino}"
-        except OSError:
-            facts = "missing"
-        digest.update(f"{record}\0{facts}\0".encode())
+        digest.update(f"{record}\0{file_fingerprint(record)}\0".encode())
     display = {name: os.environ.get(name, "") for name in DISPLAY_ENV}
     shown = [sys.stdout.isatty(), console_width(), display]
     digest.update(json.dumps(shown, sort_keys=True).encode())
@@ -54,7 +51,7 @@ def _key(stacks_dir: Path, wheels: Sequence[str], records: Sequence[str]) -> str
 def kept_listing(build_dir: Path, stacks_dir: Path) -> str | None:
     """What the last full `list` printed, when nothing it depends on moved since; else None."""
     try:
-        memo = json.loads(memo_path(build_dir).read_text())
+        memo = json.loads(listing_memo(build_dir).read_text())
         if memo.get("schema") != SCHEMA or memo.get("stacks_dir") != str(stacks_dir.resolve()):
             return None
         if _key(stacks_dir, memo["wheels"], memo["records"]) != memo["key"]:
@@ -85,7 +82,7 @@ def keep_listing(
         "output": output,
     }
     with contextlib.suppress(OSError):  # a memo that cannot be written costs time only
-        write_atomic(memo_path(build_dir), json.dumps(memo, sort_keys=True) + "\n")
+        write_atomic(listing_memo(build_dir), json.dumps(memo, sort_keys=True) + "\n")
 
 
 def listing_folders(args: Sequence[str]) -> tuple[Path, Path] | None:

@@ -185,7 +185,7 @@ def attach_served(
     signed by signer (the operator's key) where given."""
     store = ArtifactStore(registry)
     subject = store.image(digest)
-    one = record.model_copy(update={"served": [verdict], "static": None, "tests": None})
+    one = record.model_copy(update={"served": [verdict], "static": None, "unserved": None})
     document = documents.verdict_document(digest, registry.repository, one, report, False)
     annotations = {
         SUBJECT_ANNOTATION: digest,

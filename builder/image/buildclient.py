@@ -26,6 +26,8 @@ from pathlib import Path
 
 from builder.engine.protocol import INSTALL_HINT
 from builder.errors import ToolMissing
+from builder.files import fingerprint as file_fingerprint
+from builder.files import memo_path as memo_file
 from builder.files import write_atomic
 
 CLIENT_CANDIDATES = ("docker", "/usr/bin/docker", "/usr/local/bin/docker")
@@ -54,10 +56,10 @@ class BuildClient:
         return f"{self.kind}: {env + ' ' if env else ''}{' '.join(self.argv)}"
 
 
-def memo_path(build_dir: Path) -> Path:
+def client_memo(build_dir: Path) -> Path:
     """Where a build folder keeps the answer (one machine's clients: beside the folder's other
     caches)."""
-    return build_dir / "cache" / "build-client.json"
+    return memo_file(build_dir, "build-client.json")
 
 
 def detect_build_client(
@@ -91,12 +93,7 @@ def _installation_key(candidates: Sequence[str]) -> str:
     digest = hashlib.sha256()
 
     def note(label: str, path: str) -> None:
-        try:
-            stat = os.stat(path)
-            facts = f"{stat.st_size} {stat.st_mtime_ns} {stat.st_ino}"
-        except OSError:
-            facts = "missing"
-        digest.update(f"{label}\0{path}\0{facts}\0".encode())
+        digest.update(f"{label}\0{path}\0{file_fingerprint(path)}\0".encode())
 
     for candidate in candidates:
         path = shutil.which(candidate)

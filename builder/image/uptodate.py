@@ -20,6 +20,8 @@ from pathlib import Path
 from builder import REPO_ROOT
 from builder.engine.socket_api import SocketApi
 from builder.errors import EngineError
+from builder.files import fingerprint as file_fingerprint
+from builder.files import memo_path as memo_file
 from builder.files import write_atomic
 
 #: Folders of the repository whose files can change a content hash.
@@ -29,8 +31,8 @@ INPUT_ENV = ("SM120_STACKS_BASE_SUBSTITUTE", "DOCKER_HOST")
 SCHEMA = 1
 
 
-def memo_path(build_dir: Path, stack: str) -> Path:
-    return build_dir / "cache" / "up-to-date" / f"{stack}.json"
+def uptodate_memo(build_dir: Path, stack: str) -> Path:
+    return memo_file(build_dir, f"up-to-date/{stack}.json")
 
 
 def fingerprint(stacks_dir: Path, extra_files: Iterable[str]) -> str:
@@ -45,12 +47,7 @@ def fingerprint(stacks_dir: Path, extra_files: Iterable[str]) -> str:
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             files += [os.path.join(folder, n) for n in names if not n.endswith(".pyc")]
     for file in sorted(files):
-        try:
-            stat = os.stat(file)
-        except OSError:
-            digest.update(f"{file}\0missing\0".encode())
-            continue
-        digest.update(f"{file}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        digest.update(f"{file}\0{file_fingerprint(file)}\0".encode())
     return digest.hexdigest()
 
 
@@ -84,14 +81,14 @@ def remember(
         "image_id": image_id,
         "moving_ref": moving_ref,
     }
-    write_atomic(memo_path(build_dir, stack), json.dumps(memo, sort_keys=True) + "\n")
+    write_atomic(uptodate_memo(build_dir, stack), json.dumps(memo, sort_keys=True) + "\n")
 
 
 def still_built(build_dir: Path, stacks_dir: Path, stack: str, socket_path: str) -> str | None:
     """The image ref when nothing changed since the last build and the engine still has the
     image with its bases unmoved (the moving tag is set again); None to take the full path."""
     try:
-        memo = json.loads(memo_path(build_dir, stack).read_text())
+        memo = json.loads(uptodate_memo(build_dir, stack).read_text())
         if memo.get("schema") != SCHEMA:
             return None
         if fingerprint(stacks_dir, memo["wheels"]) != memo["fingerprint"]:

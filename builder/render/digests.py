@@ -1,8 +1,9 @@
-"""sha256 of large context files, remembered by path, size and mtime.
+"""sha256 of large context files, remembered by path and fingerprint (files.fingerprint).
 
 A stack's context may copy a local wheel of hundreds of MB (ci-mini's CPU torch: 190 MB). Its
 bytes name the image, but reading them on every `build` that has nothing to do cost a second;
-a file whose size and mtime are unchanged keeps its digest (the same trade make and rsync make).
+a file whose size, mtime and inode are unchanged keeps its digest (the trade make and rsync
+make).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from builder.files import fingerprint as file_fingerprint
 from builder.files import write_atomic
 
 CHUNK = 1 << 20
@@ -32,16 +34,16 @@ class DigestCache:
                 self._entries = {k: v for k, v in loaded.items() if _valid(v)}
 
     def sha256(self, file: Path) -> str:
-        stat = file.stat()
+        facts = file_fingerprint(file)
         key = str(file.resolve())
         entry = self._entries.get(key)
-        if entry is not None and entry[0] == stat.st_size and entry[1] == stat.st_mtime_ns:
-            return str(entry[2])
+        if entry is not None and entry[0] == facts:
+            return str(entry[1])
         digest = hashlib.sha256()
         with file.open("rb") as handle:
             while chunk := handle.read(CHUNK):
                 digest.update(chunk)
-        self._entries[key] = [stat.st_size, stat.st_mtime_ns, digest.hexdigest()]
+        self._entries[key] = [facts, digest.hexdigest()]
         self._changed = True
         return digest.hexdigest()
 
@@ -52,10 +54,11 @@ class DigestCache:
 
 
 def _valid(entry: object) -> bool:
+    """[fingerprint, sha256]; an entry of the older [size, mtime, sha256] form is dropped."""
     return (
         isinstance(entry, list)
-        and len(entry) == 3
-        and all(isinstance(x, int) for x in entry[:2])
-        and isinstance(entry[2], str)
-        and len(entry[2]) == 64
+        and len(entry) == 2
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], str)
+        and len(entry[1]) == 64
     )

@@ -308,7 +308,7 @@ def test_a_noop_build_is_decided_from_file_metadata_and_yields_to_any_change(
     from builder.image import uptodate
 
     cli_process("build", "ci-mini")  # records what this build's inputs looked like
-    memo = uptodate.memo_path(workspace / "build", "ci-mini")
+    memo = uptodate.uptodate_memo(workspace / "build", "ci-mini")
     assert json.loads(memo.read_text())["image_ref"] == ci_mini["ref"]
     probe = (
         "import sys; sys.argv = ['sm120-stacks', 'build', 'ci-mini']\n"
