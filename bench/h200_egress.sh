@@ -7,7 +7,9 @@
 # each connect, datagram send and name lookup to a destination other than loopback, from its
 # start to the end of the smoke), then judged by builder/verify/egress.py.
 #
-#   bash bench/h200_egress.sh            # the three starts below, raw output -> $OUT
+#   bash bench/h200_egress.sh [STEP]...  # default: pinned hostip open collect
+#   STEP: pinned | hostip | open (one start each, about 2-3 min) | collect (raw output -> $OUT);
+#   one call per step where a call must stay under the device's 10 minutes per command
 #
 # Starts (vllm-0.33-sm90, its serve command and environment as the working tree renders them
 # now: bench/serve_spec.py, so the switches of knowledge/serve_switches.yaml are in it):
@@ -48,10 +50,20 @@ start() {  # NAME [--env K=V]...: one start with the watch, then its verdict
   PYTHONPATH="$PWD:$R/site" python3 -m builder.verify.egress "$events" | tee "$R/results/$name-egress.txt"
 }
 
-start egress-pinned
-start egress-hostip --env VLLM_HOST_IP=127.0.0.1
-start egress-open --env VLLM_NO_USAGE_STATS=0 --env DO_NOT_TRACK=0 --env HF_HUB_OFFLINE=0
-tar -C "$R/results" -cJf "$OUT/h200-egress.tar.xz" .
-cp "$R/results/summary.jsonl" "$OUT/" 2>/dev/null || true
-cat "$R/results"/egress-*-egress.txt > "$OUT/egress-verdicts.txt"
-ls -la "$OUT"
+collect() {
+  tar -C "$R/results" -cJf "$OUT/h200-egress.tar.xz" .
+  cp "$R/results/summary.jsonl" "$OUT/" 2>/dev/null || true
+  cat "$R/results"/egress-*-egress.txt > "$OUT/egress-verdicts.txt" 2>/dev/null || true
+  ls -la "$OUT"
+}
+
+[[ $# -gt 0 ]] || set -- pinned hostip open collect
+for step in "$@"; do
+  case "$step" in
+    pinned) start egress-pinned ;;
+    hostip) start egress-hostip --env VLLM_HOST_IP=127.0.0.1 ;;
+    open) start egress-open --env VLLM_NO_USAGE_STATS=0 --env DO_NOT_TRACK=0 --env HF_HUB_OFFLINE=0 ;;
+    collect) collect ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
