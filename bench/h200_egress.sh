@@ -16,7 +16,8 @@
 #   egress-pinned   the stack as pinned: the check must pass (or name what is still open)
 #   egress-hostip   the same with VLLM_HOST_IP=127.0.0.1 (vllm/utils/network_utils.py:52-91
 #                   get_ip() connects a UDP socket to 8.8.8.8:80 to learn the host's address
-#                   unless it is set; the executors call it at start)
+#                   unless it is set; the multiproc executor of a TP > 1 serve calls it at
+#                   start, the uniproc one only on ROCm: a one-GPU start should not need it)
 #   egress-open     control, the switches opened (usage stats on, hub online): the watch must
 #                   see the real server's own attempts, so a pass above is not a blind watch
 # Raw output: NAME.log, NAME.egress.jsonl (the watch's lines), NAME-egress.txt (the verdict),
