@@ -54,14 +54,18 @@ def image_reference(image: str) -> str:
 def evidence_cmd(settings: Settings, image: str, registry: str | None, as_json: bool) -> None:
     """What the registry holds for IMAGE (a stack: its current content; or a tag or sha256
     digest of the stacks' repository): verdicts, the GPU kinds it served on, an SBOM summary,
-    the provenance. Exit status 2 when any of it cannot be relied on."""
+    the provenance, and (with a trust policy in the hosts folder) who signed them. Exit status
+    2 when any of it cannot be relied on."""
+    from builder.evidence.trust import host_policy
+
     source = Registry.parse(registry)
+    trust = host_policy(settings.hosts_dir)
     if image.startswith("sha256:") or ":" in image or "@" in image:
         reference = image_reference(image)
-        evidence = read_evidence(source, image, reference=reference)
+        evidence = read_evidence(source, image, reference=reference, trust=trust)
     else:
         content_hash = settings.render(settings.resolve(image)).content_hash()
-        evidence = read_evidence(source, image, content_hash)
+        evidence = read_evidence(source, image, content_hash, trust=trust)
     if as_json:
         click.echo(json.dumps(evidence.to_json(), indent=2, sort_keys=True))
         return
@@ -83,3 +87,8 @@ def evidence_cmd(settings: Settings, image: str, registry: str | None, as_json: 
             f"  provenance: stack {definition['externalParameters']['stack']}, tool commit "
             f"{commit}, engine {definition['internalParameters']['engine']}"
         )
+    if trust is None:
+        click.echo("  signatures: not checked (no trust.yaml in the hosts folder)")
+    else:
+        names = [f"{trust.name_of(k) or 'key'} ({k[:16]})" for k in evidence.signed_by]
+        click.echo(f"  signed by: {', '.join(names)} (trusted by {trust.path})")

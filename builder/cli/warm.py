@@ -70,6 +70,7 @@ def list_caches(settings: Settings, host: str, as_json: bool) -> None:
                 "captured_on": c.found.captured_on,
                 "created": c.found.created,
                 "match": c.match,
+                "signed": c.found.envelope is not None,
                 "differences": c.differences,
             }
             for c in found
@@ -81,7 +82,8 @@ def list_caches(settings: Settings, host: str, as_json: bool) -> None:
         click.echo("no warm-cache artifact for this image yet (`sm120-stacks cache capture HOST`)")
     for c in found:
         state = "match" if c.match else f"differs in {len(c.differences)}"
-        where = f"from {c.found.captured_on} at {c.found.created}"
+        signed = "signed" if c.found.envelope is not None else "unsigned"
+        where = f"from {c.found.captured_on} at {c.found.created}, {signed}"
         click.echo(f"{c.found.descriptor.digest[:19]} {where}: {state}")
         for line in c.differences:
             click.echo(f"  {line}")

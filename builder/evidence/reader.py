@@ -92,6 +92,8 @@ class Evidence:
             "provenance": self.provenance,
             "artifacts": [a.to_json() for a in self.artifacts],
             "warm_caches": self.warm_caches,
+            "signed_by": self.signed_by,
+            "unsigned": self.unsigned,
         }
 
 

@@ -343,6 +343,17 @@ def test_push_signs_and_pin_from_another_folder_relies_on_it_then_refuses_a_forg
     assert f"@{digest}" in pinned.stdout and "signed by: build (" in pinned.stdout
     pin_file = (hosts / f"{host}.yaml").read_text()
     assert policy.keys["build"].key_id in pin_file
+    shown = cli_process(
+        *folder,
+        str(second_folder / "build"),
+        "--hosts-dir",
+        str(hosts),
+        "evidence",
+        name,
+        "--registry",
+        registry.host,
+    )
+    assert f"signed by: build ({policy.keys['build'].key_id[:16]})" in shown.stdout
 
     forged = json.loads(_documents(registry, digest, [_served(CPU)])["verdict"])
     forged["recorded_at"] = "2099-01-01T00:00:00Z"
