@@ -114,22 +114,31 @@ apt_run() {
 }
 
 # no_service_starts CMD...: CMD under a policy-rc.d that forbids every service start (101), so a
-# package's postinst starts nothing (docker-registry's would serve [::]:5000); the previous
-# policy-rc.d, if any, is put back.
+# package's postinst starts nothing (docker-registry's would serve [::]:5000). The previous
+# policy-rc.d, if any, is put back, also when host-setup is interrupted (a policy-rc.d left
+# behind would stop every later package from starting its service).
+policy_saved=""
+restore_policy() {
+  if [[ -n $policy_saved ]]; then mv -f "$policy_saved" "$POLICY"; else rm -f "$POLICY"; fi
+  trap - EXIT INT TERM
+}
 no_service_starts() {
-  local saved="" rc=0
-  if [[ -e $POLICY ]]; then saved=$(mktemp); cp -p "$POLICY" "$saved"; fi
+  local rc=0
+  policy_saved=""
+  if [[ -e $POLICY ]]; then policy_saved=$(mktemp); cp -p "$POLICY" "$policy_saved"; fi
+  trap 'restore_policy; exit 130' INT TERM
+  trap restore_policy EXIT
   printf '#!/bin/sh\n# written by sm120-stacks host-setup for one apt run\nexit 101\n' >"$POLICY"
   chmod 755 "$POLICY"
   "$@" || rc=$?
-  if [[ -n $saved ]]; then mv "$saved" "$POLICY"; else rm -f "$POLICY"; fi
+  restore_policy
   return $rc
 }
 
 what_the_release_packages() {
-  local id version
-  id=$(. /etc/os-release && echo "${ID:-}") version=$(. /etc/os-release && echo "${VERSION_ID:-}")
-  case "$id $version" in
+  local version
+  version=$(. "$os_release" && echo "${VERSION_ID:-}")
+  case "$os_id $version" in
     "debian 12") echo "docker.io 20.10 (BuildKit through DOCKER_BUILDKIT=1; no docker-buildx package)" ;;
     debian*) echo "docker.io, and docker-buildx where the release has it" ;;
     ubuntu*) echo "docker.io and docker-buildx from universe (24.04: both there)" ;;
@@ -141,10 +150,10 @@ apt_install() {
   local want=() p out removed missing=()
   for p in "$@"; do installed "$p" || want+=("$p"); done
   ((${#want[@]})) || return 0
-  out=$(mktemp)
-  if ! apt_run "$out" apt-get update -q; then
+  out=$LOG_DIR/apt-last.out  # the last apt command's output (all of it is in the log)
+  if ! apt_run "$out" apt-get update -q || grep -qE '^(E: |W: Failed to fetch)' "$out"; then
     say "apt-get update failed; going on with the package lists already here (log: $APT_LOG):"
-    apt_errors "$out"
+    grep -E '^(E: |W: Failed to fetch)' "$out" | tail -n 5 | sed 's/^/  apt: /' >&2 || true
   fi
   if [[ " ${want[*]} " == *" docker.io "* ]] && apt_has docker-buildx; then want+=(docker-buildx); fi
   for p in "${want[@]}"; do apt_has "$p" || missing+=("$p"); done
@@ -160,9 +169,10 @@ apt_install() {
   fi
   removed=$(awk '/^(Remv|Purg) /{printf " %s", $2}' "$out")
   if [[ -n $removed ]]; then
-    say "installing ${want[*]} would REMOVE${removed} (apt-get install -s); host-setup never"
-    say "  removes a package, so nothing was installed. Install ${want[*]} yourself, choosing"
-    say "  what to keep (apt-get install ${want[*]} shows the plan), or remove those first; then run again"
+    say "installing ${want[*]} would REMOVE${removed} (apt-get install -s says so)."
+    say "  host-setup never removes a package: nothing was installed. Decide what to keep:"
+    say "  remove${removed} yourself, or install ${want[*]} yourself"
+    say "  (apt-get install ${want[*]} shows the plan first); then run again"
     exit 2
   fi
   say "installing ${want[*]} (apt, services not started; log: $APT_LOG)"
@@ -171,8 +181,7 @@ apt_install() {
     apt_errors "$out"
     exit 1
   fi
-  [[ " ${want[*]} " == *" docker-registry "* ]] && disable_packaged_registry
-  rm -f "$out"
+  if [[ " ${want[*]} " == *" docker-registry "* ]]; then disable_packaged_registry; fi
 }
 
 # (here-strings, not pipes into grep -q: with pipefail a writer cut off early reads as false)
@@ -249,10 +258,11 @@ if [[ -n "${DOCKER_HOST:-}" ]]; then
 fi
 
 # The system: Debian and Ubuntu are handled; anything else is told what to run.
-os_id="" os_name="this system"
-if [[ -r /etc/os-release ]]; then
-  os_id=$(. /etc/os-release && echo "${ID:-}")
-  os_name=$(. /etc/os-release && echo "${PRETTY_NAME:-${ID:-this system}}")
+os_id="" os_name="this system" os_release=/etc/os-release
+[[ -r $os_release ]] || os_release=/usr/lib/os-release  # os-release(5)'s fallback
+if [[ -r $os_release ]]; then
+  os_id=$(. "$os_release" && echo "${ID:-}")
+  os_name=$(. "$os_release" && echo "${PRETTY_NAME:-${ID:-this system}}")
 fi
 if [[ $os_id != debian && $os_id != ubuntu ]]; then
   say "$os_name is not Debian or Ubuntu: host-setup installs nothing here. Run:"

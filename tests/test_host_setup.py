@@ -167,7 +167,8 @@ def run_case(
 
 
 def _installed(packages: dict[str, str]) -> set[str]:
-    return {name for name, status in packages.items() if status.startswith("ii")}
+    """Those installed (the second letter of dpkg's status: held ones are 'hi')."""
+    return {name for name, status in packages.items() if status[1:2] == "i"}
 
 
 def assert_nothing_removed(outcome: Outcome) -> None:
@@ -264,6 +265,47 @@ def test_a_plan_that_removes_a_package_is_refused_before_anything_is_installed(h
     assert "would REMOVE site-registry" in stderr and "nothing was installed" in stderr
     assert outcome.after == outcome.before
     assert outcome.systemctl == [] and outcome.listening == []
+
+
+@pytest.mark.network
+def test_a_plan_apt_refuses_is_explained_with_apt_s_own_lines(host: Path) -> None:
+    """What Ubuntu's apt did with Docker CE (it refused, and the reason went to the stdout the
+    old script threw away): here a held package that conflicts makes apt refuse the same way."""
+    outcome = run_case(
+        host, install=("site-registry",), before_runs="$C apt-mark hold site-registry >/dev/null"
+    )
+    ((rc, stderr),) = outcome.runs
+    assert rc == 2, stderr
+    assert "apt refuses to install" in stderr and "nothing was installed" in stderr
+    assert "apt: E: " in stderr and "site-registry" in stderr.split("apt refuses")[1]
+    assert _installed(outcome.after) == _installed(outcome.before)
+
+
+@pytest.mark.network
+def test_without_systemd_the_packaged_registry_is_neither_started_nor_enabled(host: Path) -> None:
+    """A host without systemd (a container, a CI runner) with an engine that answers: the
+    package's init script would serve :5000 on every interface; policy-rc.d keeps it from
+    starting and update-rc.d turns it off at boot."""
+    outcome = run_case(host, systemd=False, running=True)
+    ((rc, stderr),) = outcome.runs
+    assert rc == 0, stderr
+    assert "docker-registry" in _installed(outcome.after)
+    assert (host / "etc/init.d/docker-registry").exists()
+    assert not list(host.glob("etc/rc[2-5].d/S*docker-registry"))
+    assert outcome.listening == ["127.0.0.1:5000"]
+    assert not (host / "usr/sbin/policy-rc.d").exists()
+
+
+@pytest.mark.network
+def test_another_system_is_told_what_to_run_and_nothing_is_installed(host: Path) -> None:
+    (host / "etc" / "os-release").unlink()
+    (host / "etc" / "os-release").write_text('ID=fedora\nPRETTY_NAME="Fedora Linux 41"\n')
+    outcome = run_case(host, systemd=False)
+    ((rc, stderr),) = outcome.runs
+    assert rc == 2, stderr
+    assert "Fedora Linux 41 is not Debian or Ubuntu: host-setup installs nothing here" in stderr
+    assert "docker run -d -p 127.0.0.1:5000:5000 registry:2" in stderr
+    assert outcome.after == outcome.before
 
 
 LOGIN_REGISTRY = (

@@ -14,6 +14,7 @@ tarball under build/; each case then runs offline in a fresh copy of it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -107,7 +108,7 @@ def build_cache() -> Path:
             text=True,
             timeout=600,
         )
-        partial = CACHE.with_suffix(".partial")
+        partial = CACHE.with_name(f"{CACHE.name}.{os.getpid()}.partial")  # two runs at once
         subprocess.run(["tar", "-C", str(work), "-cf", str(partial), "."], check=True)
         partial.replace(CACHE)
     finally:
