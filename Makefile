@@ -112,6 +112,12 @@ bench: venv
 bench-flagship: venv
 	bench/flagship.sh $(STACK)
 
+# Issue 37: ci-mini with new compile inputs built (its FlashInfer compile cold), then a child that
+# adds `six`: the JIT step of each from their BuildKit logs, bench/results/rebuild-economy/.
+.PHONY: bench-rebuild
+bench-rebuild: venv base-cuda-local wheels-local
+	bench/rebuild-economy.sh
+
 # Heavy, root only: each starts private engines in network namespaces (scripts/fleet-netns.sh)
 # and tears them down afterwards.
 bench-cache: venv host-registry base-cuda-local
