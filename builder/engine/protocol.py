@@ -115,6 +115,11 @@ class Container(Protocol):
 
 @dataclass(frozen=True)
 class Mount:
+    """The one mount type: what `--volume` parses (spec/mounts.py), what a pin holds
+    (hosts/pins.py, its YAML fields are these three) and what every rendering of a pin reads
+    (hosts/container.py). `kind` is the one place that says which mounts are binds, so compose,
+    the unit, the SDK, Kubernetes and drift cannot disagree (tests/test_mount_rule.py)."""
+
     #: An absolute host path is bind-mounted; anything else names a volume.
     source: str
     target: str
@@ -123,6 +128,10 @@ class Mount:
     @property
     def kind(self) -> Literal["bind", "volume"]:
         return "bind" if self.source.startswith("/") else "volume"
+
+    @property
+    def bind(self) -> bool:
+        return self.kind == "bind"
 
 
 @dataclass(frozen=True)

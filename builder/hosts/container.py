@@ -3,7 +3,8 @@
 The compose file, the systemd unit's `docker run` arguments, the engine-API container that
 `deploy --apply` starts and the Kubernetes Deployment (hosts/deploy.py, hosts/k8s.py) all read
 `describe(pin)`, and `verify` compares a running container with it (hosts/drift.py): four
-renderings cannot disagree about what runs.
+renderings cannot disagree about what runs. Its mounts are the one `Mount`, whose `kind` says
+which are binds (tests/test_mount_rule.py renders one pin every way and compares).
 
 It is also where a pin's API key reaches the server, and nowhere else: the pin names a file on
 the host (`api_key_file`), mounted read-only at SECRET_TARGET. vLLM takes the key as
@@ -19,7 +20,6 @@ which then listens on a private loopback port.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from builder.engine.protocol import ContainerSpec, HealthCheck, Mount, PortBinding
@@ -31,17 +31,6 @@ AUTH_PROXY = "/opt/sm120-stacks/tools/auth_proxy.py"
 #: Where `transformers serve` listens behind the gate (loopback inside the container).
 GATED_PORT = 18080
 _EXPORT_KEY = f'VLLM_API_KEY="$(cat {SECRET_TARGET})" exec "$0" "$@"'
-
-
-@dataclass(frozen=True)
-class Volume:
-    source: str
-    target: str
-    read_only: bool
-
-    @property
-    def bind(self) -> bool:
-        return self.source.startswith("/")
 
 
 def health_test(pin: Pin) -> list[str]:
@@ -64,11 +53,11 @@ def run_command(pin: Pin) -> list[str]:
     return ["sh", "-c", _EXPORT_KEY, *command]
 
 
-def volumes(pin: Pin) -> list[Volume]:
+def volumes(pin: Pin) -> list[Mount]:
     """The pin's mounts and, with an API key, its file read-only at SECRET_TARGET."""
-    found = [Volume(v.source, v.target, v.read_only) for v in pin.volumes]
+    found = list(pin.volumes)
     if pin.api_key_file is not None:
-        found.append(Volume(pin.api_key_file, SECRET_TARGET, True))
+        found.append(Mount(pin.api_key_file, SECRET_TARGET, read_only=True))
     return found
 
 
@@ -87,7 +76,7 @@ def describe(pin: Pin) -> ContainerSpec:
             PortBinding(container, ip or None, host)
             for ip, host, container in map(port_parts, pin.ports)
         ),
-        mounts=tuple(Mount(v.source, v.target, v.read_only) for v in volumes(pin)),
+        mounts=tuple(volumes(pin)),
         gpus=gpus,
         restart=pin.restart,
         user=pin.user,
@@ -115,7 +104,6 @@ def _retarget(command: list[str], host: str, port: int) -> list[str]:
 __all__ = [
     "AUTH_PROXY",
     "SECRET_TARGET",
-    "Volume",
     "describe",
     "health_test",
     "run_command",

@@ -85,11 +85,10 @@ def render_files(pin: Pin) -> dict[str, str]:
         else:
             gpu_device["device_ids"] = [str(i) for i in spec.gpus]
     mounts = [
-        {"type": "bind" if m.source.startswith("/") else "volume", "source": m.source}
-        | {"target": m.target, "read_only": m.read_only}
+        {"type": m.kind, "source": m.source, "target": m.target, "read_only": m.read_only}
         for m in spec.mounts
     ]
-    named = sorted({m.source for m in spec.mounts if not m.source.startswith("/")})
+    named = sorted({m.source for m in spec.mounts if not m.bind})
     compose = env.get_template("deploy/compose.yaml.j2").render(
         pin=pin,
         spec=spec,
@@ -134,9 +133,8 @@ def docker_run_args(pin: Pin) -> list[str]:
     for port in spec.ports:
         args += ["--publish", _port_text(port)]
     for m in spec.mounts:
-        kind = "bind" if m.source.startswith("/") else "volume"
         ro = ",readonly" if m.read_only else ""
-        args += ["--mount", f"type={kind},source={m.source},target={m.target}{ro}"]
+        args += ["--mount", f"type={m.kind},source={m.source},target={m.target}{ro}"]
     for key, value in spec.environment.items():
         args += ["--env", f"{key}={value}"]
     if spec.healthcheck is not None:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from builder.engine.hostprobe import HostFacts
-from builder.engine.protocol import Engine
-from builder.hosts.container import run_command, volumes
+from builder.engine.protocol import ContainerSpec, Engine, Mount
+from builder.hosts.container import describe
 from builder.hosts.hostcheck import Finding, check
-from builder.hosts.pins import LABEL_HOST, Pin, exposure_findings, port_parts
+from builder.hosts.pins import LABEL_HOST, Pin, exposure_findings
 
 UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 ANONYMOUS_VOLUME = re.compile(r"^[0-9a-f]{64}$")
@@ -62,25 +62,30 @@ class Report:
 
 
 def expected_config(pin: Pin, image_config: dict[str, Any]) -> dict[str, Any]:
-    """The canonical run configuration the pin asks for, on top of the image's own config."""
+    """The canonical run configuration of the pin's container description (hosts/container.py,
+    what deploy starts), on top of the image's own config."""
+    spec = describe(pin)
     env = _env_dict(image_config.get("Env"))
-    env.update(pin.env)
+    env.update(spec.environment)
     ports = sorted(
-        f"{ip or '0.0.0.0'}:{host}->{container}/tcp"
-        for ip, host, container in map(port_parts, pin.ports)
+        f"{p.host_ip or '0.0.0.0'}:{p.host_port}->{p.container_port}/tcp" for p in spec.ports
     )
     return {
-        "command": run_command(pin),
-        "entrypoint": list(image_config.get("Entrypoint") or []),
+        "command": list(spec.command or ()),
+        "entrypoint": list(spec.entrypoint or image_config.get("Entrypoint") or []),
         "env": env,
-        "gpus": _gpus_text(pin.gpu_indices),
-        "mounts": sorted(
-            f"{v.source}:{v.target}:{'ro' if v.read_only else 'rw'}" for v in volumes(pin)
-        ),
+        "gpus": _spec_gpus(spec),
+        "mounts": sorted(mount_text(m) for m in spec.mounts),
         "ports": ports,
-        "shm_size": shm_bytes(pin.shm_size),
-        "user": pin.user or str(image_config.get("User") or ""),
+        "shm_size": shm_bytes(spec.shm_size or "0"),
+        "user": spec.user or str(image_config.get("User") or ""),
     }
+
+
+def mount_text(mount: Mount) -> str:
+    """KIND:SOURCE:TARGET:ro|rw, the canonical form of one mount on both sides of the
+    comparison: a bind and a volume of the same name are different mounts."""
+    return f"{mount.kind}:{mount.source}:{mount.target}:{'ro' if mount.read_only else 'rw'}"
 
 
 def actual_config(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -94,10 +99,11 @@ def actual_config(attrs: dict[str, Any]) -> dict[str, Any]:
     )
     mounts = []
     for m in attrs.get("Mounts") or []:
-        source = m.get("Source") if m.get("Type") == "bind" else m.get("Name")
-        if m.get("Type") == "volume" and ANONYMOUS_VOLUME.match(str(source)):
+        kind = str(m.get("Type"))
+        source = m.get("Source") if kind == "bind" else m.get("Name")
+        if kind == "volume" and ANONYMOUS_VOLUME.match(str(source)):
             continue  # an image VOLUME nobody asked for; not part of the run configuration
-        mounts.append(f"{source}:{m.get('Destination')}:{'rw' if m.get('RW') else 'ro'}")
+        mounts.append(f"{kind}:{source}:{m.get('Destination')}:{'rw' if m.get('RW') else 'ro'}")
     return {
         "command": list(config.get("Cmd") or []),
         "entrypoint": list(config.get("Entrypoint") or []),
@@ -248,6 +254,12 @@ def _env_diff(want: dict[str, str], have: dict[str, str]) -> str:
         elif want[key] != have[key]:
             parts.append(f"{key} is {have[key]!r}, pinned {want[key]!r}")
     return "; ".join(parts)
+
+
+def _spec_gpus(spec: ContainerSpec) -> str:
+    if spec.gpus is None:
+        return "none"
+    return _gpus_text(None if spec.gpus == "all" else list(spec.gpus))
 
 
 def _gpus_text(indices: list[int] | None) -> str:

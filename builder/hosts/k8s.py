@@ -26,9 +26,10 @@ from typing import Any
 import yaml
 
 from builder import REPO_ROOT
+from builder.engine.protocol import ContainerSpec, HealthCheck
 from builder.errors import StackError
 from builder.files import write_atomic
-from builder.hosts.container import SECRET_TARGET, health_test, run_command
+from builder.hosts.container import SECRET_TARGET, describe
 from builder.hosts.pins import LABEL_CONTENT, LABEL_HOST, LABEL_STACK, Pin
 from builder.spec.vllm_argv import last_value
 
@@ -91,40 +92,32 @@ def node_selector(pin: Pin, gpu_product: str | None) -> dict[str, str]:
 
 
 def manifests(pin: Pin, gpu_product: str | None = None) -> list[dict[str, Any]]:
-    """The Deployment and the Service of the pin, checked against the Kubernetes schema."""
+    """The Deployment and the Service of the pin, checked against the Kubernetes schema.
+
+    What runs comes from the pin's container description (hosts/container.py), as compose and
+    the unit have it; the pin itself adds only what Kubernetes asks besides: the port the server
+    listens on, the health path for an HTTP probe, and the GPU count and node selector."""
+    spec = describe(pin)
     name = object_name(pin)
     selector = {"app.kubernetes.io/name": "sm120-stacks", "app.kubernetes.io/instance": name}
-    labels = {**selector, LABEL_HOST: pin.host, LABEL_STACK: pin.stack}
-    annotations = {LABEL_CONTENT: pin.content_hash, "sm120-stacks.image": pin.image}
-    probe = {
-        "httpGet": {"path": pin.health.path, "port": PORT_NAME},
-        "periodSeconds": pin.health.interval_s,
-        "timeoutSeconds": pin.health.timeout_s,
-        "failureThreshold": pin.health.retries,
-    }
-    startup = {
-        **probe,
-        "periodSeconds": 10,
-        "failureThreshold": max(1, -(-pin.health.start_period_s // 10)),
-    }
+    labels = {**selector, **{key: spec.labels[key] for key in (LABEL_HOST, LABEL_STACK)}}
+    annotations = {LABEL_CONTENT: spec.labels[LABEL_CONTENT], "sm120-stacks.image": spec.image}
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": pin.image,
+        "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "args": run_command(pin),
-        "env": [{"name": key, "value": value} for key, value in pin.env.items()],
+        "args": list(spec.command or ()),
+        "env": [{"name": key, "value": value} for key, value in spec.environment.items()],
         "ports": [{"name": PORT_NAME, "containerPort": pin.serve_port, "protocol": "TCP"}],
-        **_security(pin),
-        "startupProbe": startup,
-        "readinessProbe": probe,
-        "livenessProbe": probe,
+        **_security(spec),
+        **_probes(pin.health.path, spec.healthcheck),
     }
     pod: dict[str, Any] = {"containers": [container], "restartPolicy": "Always"}
-    if pin.gpus != "none":
+    if spec.gpus is not None:
         count = gpu_count(pin)
         container["resources"] = {"limits": {GPU_RESOURCE: count}}
         pod["nodeSelector"] = node_selector(pin, gpu_product)
-    mounts, volumes = _volumes(pin)
+    mounts, volumes = _volumes(pin, spec)
     container["volumeMounts"] = mounts
     pod["volumes"] = volumes
     deployment = {
@@ -167,7 +160,7 @@ def render(pin: Pin, gpu_product: str | None = None) -> str:
     header = (
         f"# Rendered by sm120-stacks from hosts/{pin.host}.yaml; edit the pin, not this file.\n"
         f"# Runs stack {pin.stack} exactly as pinned (by digest): kubectl apply -f {FILE}\n"
-        f"# The health check `docker run` would run: {' '.join(health_test(pin)[1:3])} ...\n"
+        f"# The health check `docker run` would run: {_health_words(describe(pin))} ...\n"
     )
     body = yaml.safe_dump_all(manifests(pin, gpu_product), sort_keys=False, width=200)
     return header + body
@@ -217,23 +210,25 @@ def _flag(command: list[str], names: tuple[str, ...]) -> int:
     return int(found.value) if found is not None and found.value.isdigit() else 1
 
 
-def _volumes(pin: Pin) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """/dev/shm in memory, and the pin's mounts: a host path stays a host path (the model
-    folder of that node), a named volume becomes the PersistentVolumeClaim of that name."""
+def _volumes(pin: Pin, spec: ContainerSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """/dev/shm in memory, and the container's mounts by their kind: a bind stays a host path
+    (the model folder of that node), a named volume becomes the PersistentVolumeClaim of that
+    name, and the API key file (a bind at SECRET_TARGET) becomes a Secret: a node has no copy."""
+    shm = _quantity(spec.shm_size or pin.shm_size)
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(pin.shm_size)}}
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}
     ]
-    for index, volume in enumerate(pin.volumes):
+    for index, mount in enumerate(m for m in spec.mounts if m.target != SECRET_TARGET):
         name = f"volume-{index}"
-        mounts.append({"name": name, "mountPath": volume.target, "readOnly": volume.read_only})
-        if volume.source.startswith("/"):
-            kind = "Directory" if volume.read_only else "DirectoryOrCreate"
-            volumes.append({"name": name, "hostPath": {"path": volume.source, "type": kind}})
+        mounts.append({"name": name, "mountPath": mount.target, "readOnly": mount.read_only})
+        if mount.bind:
+            kind = "Directory" if mount.read_only else "DirectoryOrCreate"
+            volumes.append({"name": name, "hostPath": {"path": mount.source, "type": kind}})
         else:
-            claim = {"claimName": volume.source, "readOnly": volume.read_only}
+            claim = {"claimName": mount.source, "readOnly": mount.read_only}
             volumes.append({"name": name, "persistentVolumeClaim": claim})
-    if pin.api_key_file is not None:
+    if any(m.target == SECRET_TARGET for m in spec.mounts):
         mounts.append(
             {"name": "api-key", "mountPath": SECRET_TARGET, "subPath": "api-key", "readOnly": True}
         )
@@ -242,11 +237,34 @@ def _volumes(pin: Pin) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return mounts, volumes
 
 
-def _security(pin: Pin) -> dict[str, Any]:
-    """The pin's user, as the pod's container runs it; never privileged."""
+def _probes(path: str, check: HealthCheck | None) -> dict[str, Any]:
+    """Startup, readiness and liveness probes: an HTTP GET of the health path, on the timing
+    of the container's health check (the startup probe allows its start period)."""
+    if check is None:
+        return {}
+    probe = {
+        "httpGet": {"path": path, "port": PORT_NAME},
+        "periodSeconds": check.interval_s,
+        "timeoutSeconds": check.timeout_s,
+        "failureThreshold": check.retries,
+    }
+    startup = {
+        **probe,
+        "periodSeconds": 10,
+        "failureThreshold": max(1, -(-check.start_period_s // 10)),
+    }
+    return {"startupProbe": startup, "readinessProbe": probe, "livenessProbe": probe}
+
+
+def _health_words(spec: ContainerSpec) -> str:
+    return " ".join(spec.healthcheck.test[1:3]) if spec.healthcheck else "none"
+
+
+def _security(spec: ContainerSpec) -> dict[str, Any]:
+    """The container's user, as the pod's container runs it; never privileged."""
     context: dict[str, Any] = {"privileged": False, "allowPrivilegeEscalation": False}
-    if pin.user is not None:
-        uid, _, gid = pin.user.partition(":")
+    if spec.user is not None:
+        uid, _, gid = spec.user.partition(":")
         context["runAsUser"] = int(uid)
         context["runAsNonRoot"] = int(uid) != 0
         if gid:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     Field,
     StringConstraints,
     ValidationError,
@@ -24,6 +25,7 @@ from pydantic import (
 )
 
 from builder.engine.address import ADDRESS_PATTERN
+from builder.engine.protocol import Mount
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.hosts.hostcheck import Requirements, requirements_for
@@ -34,7 +36,7 @@ from builder.spec.archflags import capabilities
 from builder.spec.cache_volume import cache_volume
 from builder.spec.knowledge import parse_document
 from builder.spec.manifest import ExactVersion, Identifier, SafeText, ServeArg, Sha256, Slug
-from builder.spec.mounts import DEFAULT_MODELS, MODELS_TARGET, models_mount, parse_mount
+from builder.spec.mounts import DEFAULT_MODELS, MODELS_TARGET, checked, models_mount, parse_mount
 from builder.spec.resolve import ResolvedStack
 from builder.spec.serve import serve_argv
 from builder.spec.strict import Strict
@@ -60,8 +62,6 @@ HEADER = (
 
 HostName = Annotated[str, StringConstraints(pattern=HOST_NAME.pattern, max_length=253)]
 DigestRef = Annotated[str, StringConstraints(pattern=imageref.PINNED)]
-AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./+-]*$", max_length=1000)]
-VolumeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 #: [IP:]HOST_PORT:CONTAINER_PORT
 PortMap = Annotated[
     str,
@@ -74,11 +74,9 @@ EngineAddress = Annotated[str, StringConstraints(pattern=ADDRESS_PATTERN, max_le
 PREVIOUS_DIR = "previous"
 
 
-class Volume(Strict):
-    #: An absolute host path (bind mount) or a named volume.
-    source: AbsPath | VolumeName
-    target: AbsPath
-    read_only: bool = False
+#: A pin's mount: the one Mount (YAML fields source, target, read_only), shape-checked as
+#: `--volume` checks it (spec/mounts.py).
+PinMount = Annotated[Mount, AfterValidator(checked)]
 
 
 class Health(Strict):
@@ -118,7 +116,7 @@ class Pin(Strict):
     #: "all", "none", or GPU indices.
     gpus: Literal["all", "none"] | list[Annotated[int, Field(ge=0, le=255)]]
     ports: list[PortMap] = Field(default_factory=list)
-    volumes: list[Volume] = Field(default_factory=list)
+    volumes: list[PinMount] = Field(default_factory=list)
     shm_size: ShmSize
     restart: Literal["always", "unless-stopped", "on-failure"] = "unless-stopped"
     #: The GPU kind whose served verdict the pin relies on ("cpu" for a CPU stack); None: the
@@ -485,7 +483,7 @@ def _loopback(mapping: str) -> bool:
     return bool(ip) and ip.startswith("127.")
 
 
-def _volumes(stack: ResolvedStack, options: PinOptions) -> list[Volume]:
+def _volumes(stack: ResolvedStack, options: PinOptions) -> list[Mount]:
     """--volume as given, else the defaults; --models DIR is the models mount either way (one
     --volume at /models beside it would give the server two model folders: refused)."""
     given = [_volume(v) for v in options.volumes]
@@ -499,20 +497,15 @@ def _volumes(stack: ResolvedStack, options: PinOptions) -> list[Volume]:
             key="--models",
             hint=f"give one: --models DIR, or --volume DIR:{MODELS_TARGET}:ro",
         )
-    return [_models_volume(options.models), *given]
+    return [models_mount(options.models), *given]
 
 
-def _models_volume(folder: str) -> Volume:
-    mount = models_mount(folder)
-    return Volume(source=mount.source, target=mount.target, read_only=mount.read_only)
-
-
-def _default_volumes(stack: ResolvedStack, models: str | None = None) -> list[Volume]:
+def _default_volumes(stack: ResolvedStack, models: str | None = None) -> list[Mount]:
     """Models from the host, read-only (the server reads them; its caches have their own
     volume); for vLLM, a named volume per stack for the compile caches."""
-    volumes = [_models_volume(models or DEFAULT_MODELS)]
+    volumes = [models_mount(models or DEFAULT_MODELS)]
     if stack.manifest.serve.engine == "vllm":
-        volumes.append(Volume(source=f"sm120-stacks-cache-{stack.name}", target=CACHE_TARGET))
+        volumes.append(Mount(f"sm120-stacks-cache-{stack.name}", CACHE_TARGET))
     return volumes
 
 
@@ -547,13 +540,9 @@ def _gpus(text: str) -> Literal["all", "none"] | list[int]:
     return [int(p) for p in parts]
 
 
-def _volume(text: str) -> Volume:
+def _volume(text: str) -> Mount:
     """--volume SOURCE:TARGET[:ro], read as every command reads a mount (spec/mounts.py)."""
-    mount = parse_mount(text, "--volume")
-    try:
-        return Volume(source=mount.source, target=mount.target, read_only=mount.read_only)
-    except ValueError:  # what the syntax allows but a pin does not (a path too long)
-        raise StackError(f"--volume {text!r}: not a mount a pin can hold", key="--volume") from None
+    return parse_mount(text, "--volume")
 
 
 def _pairs(items: tuple[str, ...]) -> dict[str, str]:

@@ -380,7 +380,8 @@ def test_apply_on_a_fresh_host_makes_the_folders_the_pin_writes_to(
     """A fresh host has no /var/lib/sm120-stacks/models yet: the engine refused the bind mount
     (400 ... bind source path does not exist). deploy --apply makes the pin's read-write bind
     folders first; the container then starts."""
-    from builder.hosts.pins import Volume, write_pin
+    from builder.engine.protocol import Mount
+    from builder.hosts.pins import write_pin
 
     fresh = tmp_path / "fresh" / "var" / "lib" / "sm120-stacks" / "models"
     host = unique("hosts-e2e-fresh")
@@ -389,7 +390,7 @@ def test_apply_on_a_fresh_host_makes_the_folders_the_pin_writes_to(
             "host": host,
             "container": f"sm120-stacks-{host}",
             "ports": [],
-            "volumes": [Volume(source=str(fresh), target="/models")],
+            "volumes": [Mount(str(fresh), "/models")],
         }
     )
     write_pin(workspace / "hosts", pin)
