@@ -14,7 +14,7 @@ from click.testing import Result
 
 from builder import REPO_ROOT
 from builder.cli.app import cli, import_all_commands
-from builder.cli.docs import SECTIONS, splice
+from builder.report.tables import SECTIONS, splice
 
 DOCS = sorted(
     [REPO_ROOT / "README.md", REPO_ROOT / "CHANGELOG.md", *(REPO_ROOT / "docs").glob("*.md")]

@@ -26,8 +26,8 @@ from builder.errors import EXIT_BAD_INPUT, EngineError, OperationFailed, StackEr
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
 from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
 from builder.image.registry import REGISTRY_ENV
-from builder.lock.lockfile import locked_versions
-from builder.render.context import RenderedContext, render
+from builder.lock.locked import LockedStack, lock_stack, require_pinned_bases
+from builder.render.context import RenderedContext, render_locked
 from builder.render.digests import DigestCache
 from builder.spec.check import check_stack, violation_error
 from builder.spec.resolve import ResolvedStack, resolve
@@ -137,44 +137,49 @@ class Settings:
         return resolve(name, self.stacks_dir, self.substitutions)
 
     def render(self, stack: ResolvedStack) -> RenderedContext:
+        """The stack's build context, its lock read here (a stale lock is an error): for a
+        command that holds no LockedStack. One that does hands it to render_locked."""
+        return self.render_locked(self._fresh(lock_stack(stack)))
+
+    def render_locked(self, locked: LockedStack) -> RenderedContext:
         """The stack's build context, rendered once per command and handed to every step;
         large files' digests are remembered under the build folder between commands."""
         if self._digests is None:
             self._digests = DigestCache(self.build_dir / "cache" / "digests.json")
-        rendered = render(stack, digests=self._digests)
+        rendered = render_locked(locked, digests=self._digests)
         self._digests.save()
         return rendered
 
     def checked(self, name: str) -> ResolvedStack:
-        """A resolved stack that passed every compatibility rule."""
+        """A resolved stack that passed every compatibility rule (its lock may be stale:
+        `lock` makes it again)."""
+        return self._judged(name).stack
+
+    def locked(self, name: str, allow_floating: bool = False) -> LockedStack:
+        """The resolved stack that passed every rule, with the lock it builds from read once:
+        the value a command hands down to render and build. A stale lock is an error (after
+        the rules, so `check`'s order of complaints holds), and so is a base that follows its
+        tag unless allowed (require_pinned_bases)."""
+        locked = self._fresh(self._judged(name))
+        require_pinned_bases(locked, allow_floating)
+        return locked
+
+    def _judged(self, name: str) -> LockedStack:
         stack = self.resolve(name)
-        result = check_stack(stack, locked_versions(stack))
+        locked = lock_stack(stack)
+        result = check_stack(stack, locked.versions)
         if not result.ok:
             raise violation_error(result)
-        return stack
+        return locked
+
+    @staticmethod
+    def _fresh(locked: LockedStack) -> LockedStack:
+        if locked.stale is not None:
+            raise locked.stale
+        return locked
 
 
 pass_settings = click.make_pass_decorator(Settings)
-
-
-def require_pinned_bases(stack: ResolvedStack, allow: bool) -> list[str]:
-    """A real stack builds FROM bases pinned by digest (its lock pins them): a base that
-    follows its tag is refused unless allowed (--allow-floating-base); the roles floating."""
-    from builder.lock.lockfile import current_lock, floating_bases, lock_path
-
-    floating = floating_bases(stack, current_lock(stack))
-    if floating and not allow:
-        role = floating[0]
-        image = getattr(stack.manifest.bases, role).image
-        raise StackError(
-            f"the {role} base {image} is not pinned by digest: the image would follow "
-            "whatever its tag points to the day it is built",
-            file=lock_path(stack),
-            key=f"bases.{role}.digest",
-            hint=f"`sm120-stacks lock {stack.name} --refresh-bases` where its registry answers "
-            "(or `lock` it), or pass --allow-floating-base (recorded in its evidence)",
-        )
-    return floating
 
 
 allow_floating_option = click.option(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import click
@@ -16,20 +15,17 @@ from builder.cli.app import (
     given_here,
     pass_settings,
     registry_option,
-    require_pinned_bases,
     user_errors,
 )
 from builder.cli.keys import allow_unsigned_option, read_signing_key, signing_key_option
 from builder.engine.progress import LayerProgress
 from builder.engine.protocol import Engine
 from builder.errors import StackError
-from builder.image import uptodate
-from builder.image.build import BuildOptions, build_stack
-from builder.image.buildcache import CacheSettings, registry_cache
-from builder.image.buildclient import client_memo, detect_build_client
+from builder.image.build import BuildOptions, BuildOutcome
+from builder.image.buildclient import client_memo
 from builder.image.cabundle import resolve_ca_bundle
-from builder.image.distribute import registry_has_current
-from builder.image.names import content_tag, moving_ref
+from builder.image.make import BuildRequest, inputs_taken, make_image
+from builder.image.names import content_tag
 from builder.image.registry import Registry
 from builder.render.context import RenderedContext
 
@@ -144,65 +140,42 @@ def build(
             key="--registry",
             hint="add --pull-or-build, or leave out --registry",
         )
-    proxy_ca = resolve_ca_bundle(ca_bundle)
-    taken = uptodate.fingerprint(settings.stacks_dir, [])
-    resolved = settings.checked(stack)
-    require_pinned_bases(resolved, allow_floating)
-    rendered = settings.render(resolved)
-    if cache_export and not cache_registry and not (pull_or_build and registry):
-        raise StackError(
-            "--cache-to-registry needs a registry",
-            key="--cache-to-registry",
-            hint="give --cache-from-registry HOST[:PORT][/NAMESPACE]",
-        )
-    engine = settings.connect()
-    if pull_or_build:
-        target = Registry.parse(registry)
-        if registry_has_current(rendered, engine, target):
-            _pull(settings, rendered, engine, target, f"pulled {{ref}} from {target.repository}")
-            return
-        click.echo(f"{target.repository} has no image of this content hash; building")
-    client = functools.cache(lambda: detect_build_client(memo=client_memo(settings.build_dir)))
-    if cache_export and client().kind != "buildx":
-        raise StackError(
-            f"--cache-to-registry needs buildx; this machine builds with {client().describe()}",
-            key="--cache-to-registry",
-            hint="install the buildx plugin and `docker buildx create --use`, or leave the option "
-            "off: the inline cache in every pushed image still seeds other machines' builds",
-        )
-    source = cache_registry or (registry if pull_or_build else None)
-    cache = CacheSettings()
-    if source:
-        cache = registry_cache(
-            resolved, rendered.content_hash(), Registry.parse(source), export=cache_export
-        )
     options = BuildOptions(
         network=network,
-        ca_bundle=proxy_ca,
+        ca_bundle=resolve_ca_bundle(ca_bundle),
         hf_token_file=hf_token_file,
         max_jobs=max_jobs,
         no_cache=no_cache,
-        cache=cache,
         lock_wait_s=wait_s,
     )
-    outcome = build_stack(resolved, rendered, settings.build_dir, client, engine, options)
-    uptodate.remember(
-        settings.build_dir,
-        settings.stacks_dir,
-        stack,
-        {str(c.source): (c.size, c.mtime_ns) for c in rendered.copied.values()},
-        outcome.content_hash,
-        outcome.image_ref,
-        outcome.image_id,
-        moving_ref(stack),
-        taken,
+    request = BuildRequest(
+        options=options,
+        pull_from=Registry.parse(registry) if pull_or_build else None,
+        cache_from=Registry.parse(cache_registry) if cache_registry else None,
+        cache_export=cache_export,
     )
+    taken = inputs_taken(settings.stacks_dir)
+    locked = settings.locked(stack, allow_floating)
+    rendered = settings.render_locked(locked)
+    engine = settings.connect()
+    folders = (settings.build_dir, settings.stacks_dir)
+
+    def pull(source: Registry) -> None:
+        _pull(settings, rendered, engine, source, f"pulled {{ref}} from {source.repository}")
+
+    made = make_image(locked, rendered, request, engine, folders, taken, pull, click.echo)
+    if made.outcome is not None:  # else pulled, and _pull said so
+        _say_made(made.outcome, made.cache_sources)
+
+
+def _say_made(outcome: BuildOutcome, cache_sources: tuple[str, ...]) -> None:
+    """build's lines on stdout: up to date, or built with its log and cache sources."""
     if outcome.reused:
         click.echo(f"up to date: {outcome.image_ref}")
     else:
         click.echo(f"built {outcome.image_ref} in {outcome.seconds:.0f}s\n  log: {outcome.log}")
-        if source:
-            click.echo(f"  cache from: {', '.join(cache.sources)}")
+        if cache_sources:
+            click.echo(f"  cache from: {', '.join(cache_sources)}")
 
 
 @cli.command()

@@ -13,7 +13,6 @@ from builder.cli.app import (
     cli,
     out,
     pass_settings,
-    require_pinned_bases,
     user_errors,
 )
 from builder.cli.list_memo import keep_listing
@@ -21,7 +20,8 @@ from builder.errors import StackError
 from builder.image.names import HASH_CHARS
 from builder.image.records import Record, load_record, record_path
 from builder.image.uptodate import fingerprint
-from builder.lock.lockfile import current_lock, locked_versions
+from builder.lock.locked import lock_stack, require_pinned_bases
+from builder.lock.lockfile import locked_versions
 from builder.render.context import write_context
 from builder.spec.check import check_stack, violation_error
 from builder.spec.manifest import Manifest
@@ -147,11 +147,13 @@ def check(settings: Settings, stacks: tuple[str, ...], allow_floating: bool) -> 
     for name in names:
         try:
             stack = settings.resolve(name)
-            lock = current_lock(stack)  # a lock that no longer matches its manifest is an error
-            result = check_stack(stack, lock.python.versions() if lock else None)
+            locked = lock_stack(stack)
+            if locked.stale is not None:  # a lock that no longer matches its manifest
+                raise locked.stale
+            result = check_stack(stack, locked.versions)
             if not result.ok:
                 raise violation_error(result)
-            floating = require_pinned_bases(stack, allow_floating)
+            floating = require_pinned_bases(locked, allow_floating)
             note = f" (floating base: {', '.join(floating)})" if floating else ""
             click.echo(f"ok  {name}{note}")
         except StackError as exc:

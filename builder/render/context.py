@@ -22,14 +22,11 @@ import jinja2
 
 from builder import REPO_ROOT
 from builder.errors import StackError
-from builder.lock.lockfile import (
-    Lock,
-    base_reference,
-    current_lock,
-    lock_requirements,
-)
+from builder.lock.locked import LockedStack, lock_stack
+from builder.lock.lockfile import Lock, base_reference
 from builder.render.digests import DigestCache
 from builder.render.jitdeps import jit_inputs_digest, jit_patches, jit_requirements
+from builder.render.requirements import lock_requirements
 from builder.spec.manifest import Patch
 from builder.spec.resolve import ResolvedStack, jit_module_table, local_wheels
 from builder.spec.serve import serve_argv
@@ -135,6 +132,15 @@ class RenderedContext:
 
 
 def template_context(stack: ResolvedStack, lock: Lock | None = None) -> TemplateContext:
+    """What the templates see for stack built from lock (None: unlocked)."""
+    bases = (base_reference(stack, lock, "build"), base_reference(stack, lock, "runtime"))
+    return _template_context(stack, lock, *bases)
+
+
+def _template_context(
+    stack: ResolvedStack, lock: Lock | None, build_base: str, runtime_base: str
+) -> TemplateContext:
+    """template_context with the FROM of each stage already known (a LockedStack's)."""
     m = stack.manifest
     build = m.build
     apt = list(build.apt_packages)
@@ -147,8 +153,6 @@ def template_context(stack: ResolvedStack, lock: Lock | None = None) -> Template
         "FLASHINFER_WORKSPACE_BASE": JIT_WORKSPACE,
         "FLASHINFER_NVCC_THREADS": str(build.nvcc_threads),
     }
-    build_base = base_reference(stack, lock, "build")
-    runtime_base = base_reference(stack, lock, "runtime")
     runtime_from_build = build_base == runtime_base
     jit_env = dict(sorted(jit_env.items()))
     runtime_apt = [p for p in build.runtime_apt_packages if not (runtime_from_build and p in apt)]
@@ -229,11 +233,25 @@ def render(
     templates_dir: Path = TEMPLATES_DIR,
     digests: DigestCache | None = None,
 ) -> RenderedContext:
-    """Everything the image is built from. `digests` remembers large files' hashes across
-    commands (the CLI keeps one under the build folder); without it they are hashed afresh."""
+    """render_locked with the stack's lock read here (a stale lock is an error): for callers
+    that hold no LockedStack (tests, benches, `diff`)."""
+    locked = lock_stack(stack)
+    if locked.stale is not None:
+        raise locked.stale
+    return render_locked(locked, templates_dir, digests)
+
+
+def render_locked(
+    locked: LockedStack,
+    templates_dir: Path = TEMPLATES_DIR,
+    digests: DigestCache | None = None,
+) -> RenderedContext:
+    """Everything the image is built from, of the stack and the lock the command read once
+    (lock.locked.lock_stack). `digests` remembers large files' hashes across commands (the CLI
+    keeps one under the build folder); without it they are hashed afresh."""
     digests = digests or DigestCache()
-    lock = current_lock(stack)
-    ctx = template_context(stack, lock)
+    stack, lock = locked.stack, locked.lock
+    ctx = _template_context(stack, lock, locked.build_base, locked.runtime_base)
     env = _jinja_env(templates_dir)
     template = stack.manifest.build.template or "Dockerfile.j2"
     dockerfile = env.get_template(template).render(ctx=ctx)

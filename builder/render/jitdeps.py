@@ -16,7 +16,8 @@ from typing import Annotated
 
 from pydantic import StringConstraints
 
-from builder.lock.lockfile import Lock, lock_requirements, normalize
+from builder.lock.lockfile import Lock, normalize
+from builder.render.requirements import lock_requirements
 from builder.spec.knowledge import parse_document, read_knowledge
 from builder.spec.manifest import PackagePin, Patch
 from builder.spec.resolve import ResolvedStack, canonical_json

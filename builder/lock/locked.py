@@ -1,0 +1,95 @@
+"""A resolved stack with its lock read once: the value a command hands to render and build.
+
+Before this, `build` asked lock/ for the same file five times (its versions for the rules, its
+floating bases, the lock again for the context, each base's reference, its requirements). Now
+the CLI makes one LockedStack and every later step reads its fields: nothing below climbs back
+up to ask the lock again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.errors import StackError
+from builder.lock.lockfile import (
+    Lock,
+    base_reference,
+    floating_bases,
+    lock_path,
+    read_lock,
+    stale_reason,
+)
+from builder.spec.resolve import ResolvedStack
+
+
+@dataclass(frozen=True)
+class LockedStack:
+    """The stack, the lock a build installs from (None: no lock file), and what follows from
+    the two: the FROM of each stage, the roles whose base follows a tag, the versions the
+    compatibility rules judge."""
+
+    stack: ResolvedStack
+    lock: Lock | None
+    #: stacks/NAME.lock, whether or not it exists: where a stale or floating lock is fixed.
+    path: Path
+    #: What FROM uses in the build and runtime stages (lockfile.base_reference).
+    build_base: str
+    runtime_base: str
+    #: Roles ("build", "runtime") whose FROM follows a tag (lockfile.floating_bases).
+    floating: tuple[str, ...]
+    #: name -> version the lock installs; None without a lock or with a stale one.
+    versions: dict[str, str] | None
+    #: Why the lock no longer matches the manifest, as the error a build raises; None when it
+    #: matches or there is none. Rules still run first (`check` reports both).
+    stale: StackError | None = None
+
+    @property
+    def name(self) -> str:
+        return self.stack.name
+
+
+def lock_stack(stack: ResolvedStack) -> LockedStack:
+    """Read the stack's lock once and derive everything later steps ask of it. A stale lock
+    is kept as `stale` (not raised) so that the rules can be judged first; a command that
+    builds raises it then (cli.app.Settings.locked)."""
+    path = lock_path(stack)
+    lock = read_lock(path) if path.is_file() else None
+    reason = stale_reason(stack, lock) if lock is not None else None
+    stale = None
+    if reason is not None:
+        stale = StackError(
+            f"lock no longer matches stacks/{stack.name}.yaml: {reason}",
+            file=path,
+            key="inputs_hash",
+            hint=f"run `sm120-stacks lock {stack.name}`, or delete the lock to build without one",
+        )
+    usable = None if stale is not None else lock
+    return LockedStack(
+        stack=stack,
+        lock=usable,
+        path=path,
+        build_base=base_reference(stack, usable, "build"),
+        runtime_base=base_reference(stack, usable, "runtime"),
+        floating=tuple(floating_bases(stack, usable)),
+        versions=usable.python.versions() if usable is not None else None,
+        stale=stale,
+    )
+
+
+def require_pinned_bases(locked: LockedStack, allow: bool) -> list[str]:
+    """A real stack builds FROM bases pinned by digest (its lock pins them): a base that
+    follows its tag is refused unless allowed (--allow-floating-base); the roles floating."""
+    floating, stack = list(locked.floating), locked.stack
+    if floating and not allow:
+        role = floating[0]
+        image = getattr(stack.manifest.bases, role).image
+        raise StackError(
+            f"the {role} base {image} is not pinned by digest: the image would follow "
+            "whatever its tag points to the day it is built",
+            file=locked.path,
+            key=f"bases.{role}.digest",
+            hint=f"`sm120-stacks lock {stack.name} --refresh-bases` where its registry answers "
+            "(or `lock` it), or pass --allow-floating-base (recorded in its evidence)",
+        )
+    return floating
