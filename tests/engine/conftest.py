@@ -134,6 +134,15 @@ def cli_process(workspace: Path, proxy_ca: tuple[Path, str]) -> Callable[..., An
     return run
 
 
+def clone_workspace(workspace: Path, root: Path) -> Path:
+    """A second clone's workspace at root: the same stacks, its own (empty) build folder."""
+    shutil.copytree(workspace / "stacks", root / "stacks")
+    (root / "patches").symlink_to(workspace / "patches")
+    (root / "build").mkdir()
+    (root / "build" / "wheels").symlink_to((workspace / "build" / "wheels").resolve())
+    return root
+
+
 @pytest.fixture(scope="session")
 def ci_mini(cli_process: Callable[..., Any], workspace: Path, api: Any) -> dict[str, str]:
     """ci-mini built (or found up to date) once per session."""

@@ -18,7 +18,7 @@ from builder.evidence.reader import read_evidence
 from builder.image.names import content_tag
 from builder.image.records import CPU, ServedVerdict, load_record, save_record
 from builder.image.registry import Registry
-from tests.engine.conftest import unique
+from tests.engine.conftest import clone_workspace, unique
 
 pytestmark = pytest.mark.engine
 EV_CPU = unique("ev-cpu")
@@ -49,12 +49,7 @@ def _served(kind: str = CPU, passed: bool = True) -> ServedVerdict:
 @pytest.fixture
 def second_folder(workspace: Path, tmp_path: Path) -> Iterator[Path]:
     """A second clone's workspace: the same stacks, its own (empty) build folder."""
-    root = tmp_path / "clone"
-    shutil.copytree(workspace / "stacks", root / "stacks")
-    (root / "patches").symlink_to(workspace / "patches")
-    (root / "build").mkdir()
-    (root / "build" / "wheels").symlink_to((workspace / "build" / "wheels").resolve())
-    yield root
+    yield clone_workspace(workspace, tmp_path / "clone")
 
 
 def _pushed_with_evidence(

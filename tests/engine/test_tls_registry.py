@@ -26,7 +26,7 @@ from builder.evidence.oci import ArtifactStore, Descriptor
 from builder.image.records import CPU, load_record, save_record
 from builder.image.registry import Registry
 from builder.image.registry_http import TLS_VERIFIED, RegistryAccess
-from tests.engine.conftest import unique
+from tests.engine.conftest import clone_workspace, unique
 from tests.engine.test_evidence import _pushed_with_evidence, _served, _share
 from tests.support.tls_registry import TlsRegistry, tls_registry
 
@@ -84,7 +84,7 @@ def test_push_with_evidence_then_pin_from_a_folder_with_no_records(
     assert {"verdict", "sbom", "provenance"} <= kinds and how == "referrers tag"
     assert {d.annotation("dev.sm120-stacks.transport") for d in found} == {TLS_VERIFIED}
 
-    folder = _clone(workspace, tmp_path)
+    folder = clone_workspace(workspace, tmp_path / "clone")
     _share(TLS_CPU, workspace, folder)
     env = tls.env()
     where = ["--stacks-dir", str(folder / "stacks"), "--build-dir", str(folder / "build")]
@@ -265,15 +265,6 @@ def test_no_secret_in_any_file_the_tool_wrote(
                 searched += 1
                 assert not any(s in data for s in secrets), path
     assert searched > 3
-
-
-def _clone(workspace: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "clone"
-    shutil.copytree(workspace / "stacks", root / "stacks")
-    (root / "patches").symlink_to(workspace / "patches")
-    (root / "build").mkdir()
-    (root / "build" / "wheels").symlink_to((workspace / "build" / "wheels").resolve())
-    return root
 
 
 def _hash(workspace: Path, name: str) -> str:
