@@ -11,7 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from builder.engine.address import DEFAULT as DEFAULT_ADDRESS
 from builder.engine.protocol import Engine
+from builder.engine.throwaway import run_throwaway
 from builder.errors import EngineError
 from builder.evidence import documents
 from builder.evidence.documents import (
@@ -33,7 +35,6 @@ from builder.image.registry import Registry
 from builder.lock.lockfile import Lock
 from builder.render.context import JIT_WORKSPACE, RenderedContext
 from builder.spec.resolve import ResolvedStack
-from builder.verify.validate import run_capture
 
 #: How each document reached the registry (registry_http: tls-verified, tls-unverified or
 #: plain-http), so a reader sees where the user allowed less than verified TLS.
@@ -53,7 +54,7 @@ _CONTENTS_SCRIPT = (
 def image_contents(engine: Engine, image_ref: str) -> ImageContents | None:
     """What the image holds; None for an image that cannot run the listing (no shell in it)."""
     try:
-        out = run_capture(engine, image_ref, ["sh", "-c", _CONTENTS_SCRIPT])
+        out = run_throwaway(engine, image_ref, ["sh", "-c", _CONTENTS_SCRIPT], timeout_s=600).stdout
     except EngineError:
         return None
     parts = out.split(_SPLIT + "\n")
@@ -138,7 +139,7 @@ def attach_evidence(
             content_hash=rendered.content_hash(),
             files=files,
             bases=_bases(stack, lock),
-            engine=engine.address or "unix:///var/run/docker.sock",
+            engine=engine.address or DEFAULT_ADDRESS,
             build_client=build_client,
             commit=documents.git_commit(),
         )

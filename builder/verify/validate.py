@@ -90,7 +90,10 @@ def cache_table(engine: Engine, stack: ResolvedStack, image_ref: str) -> list[Ca
 
 def module_rows(engine: Engine, stack: ResolvedStack, image_ref: str) -> list[CacheRow]:
     tool = "/opt/sm120-stacks/tools/flashinfer_jit.py"
-    output = run_capture(engine, image_ref, ["python", tool, "verify", *stack.jit_modules])
+    # The module verification exits 1 on a miss after printing every row: its stdout, whatever
+    # the exit status.
+    command = ["python", tool, "verify", *stack.jit_modules]
+    output = run_throwaway(engine, image_ref, command, timeout_s=600).stdout
     expected = stack.module_archs()
     rows = []
     for line in output.splitlines():
@@ -163,13 +166,6 @@ def add_smoke(report: TestReport, outcome: dict[str, Any] | str) -> None:
     else:
         report.smoke = outcome
         report.jit_cache += kernel_rows(outcome.get("kernel_cache"))
-
-
-def run_capture(engine: Engine, image_ref: str, command: list[str]) -> str:
-    """command's stdout in a throwaway container of the image, whatever its exit status: the
-    module verification exits 1 on a miss after printing every row; push lists the image's
-    contents for the SBOM (evidence/attach.py)."""
-    return run_throwaway(engine, image_ref, command, timeout_s=600).stdout
 
 
 #: Public certificate sets a host bundle is made from: Mozilla's, as certifi ships it and as
