@@ -32,6 +32,10 @@ from builder.errors import EngineError, EngineNotFound, EngineUnreachable, ToolM
 
 #: Engine API timeout: a push or pull of a multi-GB layer is one slow request.
 API_TIMEOUT_S = 600
+#: A push or pull stream silent this long has stalled (_stall_limit); the variable is the one
+#: the evidence client reads for a registry's answer (image/registry_http.py).
+STALL_S = 120.0
+STALL_ENV = "SM120_STACKS_REGISTRY_TIMEOUT"
 NANOSECONDS = 1_000_000_000
 #: The status line a push ends with: "TAG: digest: sha256:... size: N".
 _PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
@@ -324,13 +328,13 @@ class DockerEngine:
             self.sdk.api.remove_image(ref, noprune=True)
 
     def push(self, repository: str, tag: str, progress: OnLayer | None = None) -> str:
-        with _engine_errors():
+        with _engine_errors(), _stall_limit(self.sdk.api, "push"):
             return parse_progress_stream(
                 self.sdk.api.push(repository, tag=tag, stream=True, decode=True), progress
             )
 
     def pull(self, repository: str, tag: str, progress: OnLayer | None = None) -> None:
-        with _engine_errors():
+        with _engine_errors(), _stall_limit(self.sdk.api, "pull"):
             parse_progress_stream(
                 self.sdk.api.pull(repository, tag=tag, stream=True, decode=True), progress
             )
@@ -463,6 +467,41 @@ def _engine_errors() -> Iterator[None]:
         ) from exc
     except (DockerException, requests.exceptions.RequestException) as exc:
         raise EngineError(f"{exc.__class__.__name__}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _stall_limit(api: Any, action: str) -> Iterator[None]:
+    """A push or pull whose stream goes quiet for STALL seconds ends, instead of waiting the
+    API's 600 s per read: the engine reports every few hundred kB moved, so silence means the
+    registry stopped answering (frozen, or a half-open connection). Closing our end makes the
+    engine cancel the transfer. An error marked `retried`: asking again waits as long."""
+    import requests
+    import urllib3
+
+    stall = _stall_seconds()
+    kept, api.timeout = api.timeout, stall
+    try:
+        yield
+    except (requests.exceptions.ConnectionError, urllib3.exceptions.ReadTimeoutError) as exc:
+        if "timed out" not in str(exc).lower():
+            raise
+        raise EngineError(
+            f"the {action} stalled: the engine reported no progress for {stall:g} s (the "
+            f"registry stopped answering; {STALL_ENV} sets how long to wait)",
+            retried=True,
+        ) from exc
+    finally:
+        api.timeout = kept
+
+
+def _stall_seconds() -> float:
+    """SM120_STACKS_REGISTRY_TIMEOUT (the evidence client's too), read at the call; a value
+    that is no positive number leaves the default (the evidence client refuses it first)."""
+    try:
+        value = float(os.environ.get(STALL_ENV, ""))
+    except ValueError:
+        return STALL_S
+    return value if value > 0 else STALL_S
 
 
 def _explanation(exc: Any) -> str:

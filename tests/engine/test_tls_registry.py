@@ -272,3 +272,55 @@ def _hash(workspace: Path, name: str) -> str:
     from builder.spec.resolve import resolve
 
     return render(resolve(name, workspace / "stacks")).content_hash()
+
+
+def test_a_registry_frozen_mid_push_stops_the_push_with_what_it_waited_for(
+    tls: TlsRegistry, api: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine itself pushes the image; a registry that stops answering mid-upload left the
+    push waiting on the API's 600 s per read (a 120 s freeze stalled it silently). Now a push
+    whose stream is silent for SM120_STACKS_REGISTRY_TIMEOUT seconds ends with that said."""
+    import os
+    import threading
+
+    from builder.engine.address import from_environment
+    from builder.engine.docker_adapter import connect_engine
+    from builder.engine.protocol import LayerEvent
+    from builder.errors import EngineError
+
+    (tmp_path / "blob").write_bytes(os.urandom(256 * 1024 * 1024))  # incompressible
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY blob /blob\n")
+    repository = f"{tls.host}/sm120-stacks"
+    tag = unique("frozen")
+    image, _ = api.images.build(path=str(tmp_path), tag=f"{repository}:{tag}", rm=True)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tls.docker_config))
+    monkeypatch.setenv("SM120_STACKS_REGISTRY_TIMEOUT", "5")
+    engine = connect_engine(from_environment())  # reads the test's docker login
+    moving = threading.Event()
+    failed: list[BaseException] = []
+
+    def seen(event: LayerEvent) -> None:
+        if event.status == "Pushing" and (event.current or 0) > 0:
+            moving.set()
+
+    def push() -> None:
+        try:
+            engine.push(repository, tag, seen)
+        except BaseException as exc:  # handed to the test's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=push, daemon=True)
+    try:
+        worker.start()
+        assert moving.wait(120), "the push never started moving bytes"
+        with tls.frozen():
+            started = time.monotonic()
+            worker.join(60)
+            took = time.monotonic() - started
+        assert not worker.is_alive(), "the push still waits on a frozen registry"
+        assert failed and isinstance(failed[0], EngineError), failed
+        assert "stalled" in str(failed[0]) and "5 s" in str(failed[0])
+        assert failed[0].retried and took < 30, took
+    finally:
+        with contextlib.suppress(Exception):
+            api.images.remove(image.id, force=True)
