@@ -620,13 +620,34 @@ def test_real_h200_output_passes_the_driver_and_fails_the_sm120_target() -> None
     assert _by_name(facts, gpus=("sm90",))["gpu"].ok
 
 
+def test_two_pins_of_one_stack_never_share_a_cache_volume(stacks_dir: Path, tmp_path: Path) -> None:
+    """Two hosts of one engine serving one stack got one volume (`sm120-stacks-cache-STACK`):
+    two servers writing one live/, a restore swapping it under the other (issue 34). Each pin
+    has its own now; a re-pin of a host to the stack keeps its caches; names that split alike
+    (`a-b` on `c`, `a` on `b-c`) stay apart."""
+    from builder.hosts.pins import CACHE_TARGET, cache_volume_name
+
+    def cache_of(pin: Pin) -> str:
+        return next(v.source for v in pin.volumes if v.target == CACHE_TARGET)
+
+    first = _pin(stacks_dir, tmp_path / "a", host="gpu1")
+    second = _pin(stacks_dir, tmp_path / "b", host="gpu2")
+    again = _pin(stacks_dir, tmp_path / "c", host="gpu1")
+    assert cache_of(first) != cache_of(second)
+    assert cache_of(again) == cache_of(first), "a re-pin finds the host's caches again"
+    assert STACK in cache_of(first) and "gpu1" in cache_of(first), "readable in docker volume ls"
+    assert cache_volume_name("a-b", "c") != cache_volume_name("a", "b-c")
+    longest = cache_volume_name("s" * 128, "h" * 253)
+    assert len(longest) <= 253 and longest.startswith("sm120-stacks-cache-")
+
+
 def test_a_vllm_pin_keeps_its_compile_caches_on_a_volume(stacks_dir: Path, tmp_path: Path) -> None:
     """Triton, torch.compile, CuTe-DSL and FlashInfer compiles survive a restart (RESULTS §5)."""
-    from builder.hosts.pins import CACHE_ENV, CACHE_TARGET
+    from builder.hosts.pins import CACHE_ENV, CACHE_TARGET, cache_volume_name
 
     pin = _pin(stacks_dir, tmp_path, env=("TRITON_CACHE_DIR=/elsewhere",))
     volumes = [(v.source, v.target, v.read_only) for v in pin.volumes]
-    assert (f"sm120-stacks-cache-{STACK}", CACHE_TARGET, False) in volumes
+    assert (cache_volume_name(STACK, "gpu-node-07"), CACHE_TARGET, False) in volumes
     assert ("/var/lib/sm120-stacks/models", "/models", True) in volumes  # read-only
     for name, value in CACHE_ENV.items():
         expected = "/elsewhere" if name == "TRITON_CACHE_DIR" else value

@@ -8,6 +8,7 @@ Only an image whose tests passed and that was pushed can be pinned (builder.imag
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from dataclasses import dataclass, replace
@@ -417,7 +418,7 @@ def make_pin(
         env={**(CACHE_ENV if m.serve.engine == "vllm" else {}), **m.env, **_pairs(options.env)},
         gpus=_gpus(options.gpus),
         ports=list(options.ports) or [f"127.0.0.1:{m.serve.port}:{m.serve.port}"],
-        volumes=_volumes(stack, options),
+        volumes=_volumes(host, stack, options),
         shm_size=m.serve.shm_size,
         restart=options.restart,
         engine=options.engine,
@@ -483,12 +484,12 @@ def _loopback(mapping: str) -> bool:
     return bool(ip) and ip.startswith("127.")
 
 
-def _volumes(stack: ResolvedStack, options: PinOptions) -> list[Mount]:
+def _volumes(host: str, stack: ResolvedStack, options: PinOptions) -> list[Mount]:
     """--volume as given, else the defaults; --models DIR is the models mount either way (one
     --volume at /models beside it would give the server two model folders: refused)."""
     given = [_volume(v) for v in options.volumes]
     if not given:
-        return _default_volumes(stack, options.models)
+        return _default_volumes(host, stack, options.models)
     if options.models is None:
         return given
     if any(v.target == MODELS_TARGET for v in given):
@@ -500,13 +501,23 @@ def _volumes(stack: ResolvedStack, options: PinOptions) -> list[Mount]:
     return [models_mount(options.models), *given]
 
 
-def _default_volumes(stack: ResolvedStack, models: str | None = None) -> list[Mount]:
+def _default_volumes(host: str, stack: ResolvedStack, models: str | None = None) -> list[Mount]:
     """Models from the host, read-only (the server reads them; its caches have their own
-    volume); for vLLM, a named volume per stack for the compile caches."""
+    volume); for vLLM, a named volume of this pin for the compile caches."""
     volumes = [models_mount(models or DEFAULT_MODELS)]
     if stack.manifest.serve.engine == "vllm":
-        volumes.append(Mount(f"sm120-stacks-cache-{stack.name}", CACHE_TARGET))
+        volumes.append(Mount(cache_volume_name(stack.name, host), CACHE_TARGET))
     return volumes
+
+
+def cache_volume_name(stack: str, host: str) -> str:
+    """The pin's own cache volume, by stack and host: two pins of one stack on one engine never
+    write one live/ (two servers in one Triton folder, a restore swapping live/ under the other
+    server; issue 34), and a re-pin of the host to the stack finds its caches again. The digest
+    of the pair keeps it unique where names split alike (`a-b` on `c`, `a` on `b-c`) and bounds
+    its length (a Docker volume's folder, a PersistentVolumeClaim's 253)."""
+    pair = hashlib.sha256(f"{stack}\n{host}".encode()).hexdigest()[:8]
+    return f"sm120-stacks-cache-{stack}-{host}"[:200] + f"-{pair}"
 
 
 def _pushed_digest(record: Record, repository: str | None, ref: str, stack: str) -> str:
