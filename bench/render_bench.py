@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 from builder import REPO_ROOT
 from builder.cli.main import cli
-from builder.lock import lockfile
+from builder.lock import reading
 from builder.render.context import render
 from builder.spec.check import check_stack
 from builder.spec.resolve import resolve, stack_names
@@ -60,7 +60,7 @@ def timed_both(action: Callable[[], None], repeat: int) -> tuple[float, float]:
 
 def cold(name: str, stacks_dir: Path) -> None:
     """The pipeline with every lock parsed from its YAML (no parse cache of any kind)."""
-    lockfile._parsed_lock.cache_clear()
+    reading._parsed_lock.cache_clear()
     os.environ["SM120_STACKS_CACHE_DIR"] = tempfile.mkdtemp(prefix="sm120-bench-cache-")
     try:
         pipeline(name, stacks_dir)
@@ -70,7 +70,7 @@ def cold(name: str, stacks_dir: Path) -> None:
 
 def warm(name: str, stacks_dir: Path) -> None:
     """A later command: the in-process cache is gone, the parse cache on disk is not."""
-    lockfile._parsed_lock.cache_clear()
+    reading._parsed_lock.cache_clear()
     pipeline(name, stacks_dir)
 
 

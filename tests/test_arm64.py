@@ -15,7 +15,8 @@ from pathlib import Path
 from builder import REPO_ROOT
 from builder.image.build import BuildOptions, build_argv
 from builder.image.buildclient import BuildClient
-from builder.lock.lockfile import UV_PLATFORMS, flatten, lock_inputs
+from builder.lock.inputs import flatten, lock_inputs
+from builder.lock.uv_compile import UV_PLATFORMS
 from builder.render.context import render
 from builder.spec.resolve import resolve
 from builder.spec.substitute import Substitutions

@@ -12,7 +12,10 @@ from click.testing import Result
 
 from builder.cli.app import Settings
 from builder.errors import RegistryUnreachable
-from builder.lock.lockfile import LockedBases, floating_bases, read_lock, write_lock
+from builder.lock.inputs import floating_bases
+from builder.lock.lockfile import LockedBases
+from builder.lock.reading import read_lock
+from builder.lock.writing import write_lock
 from builder.spec.resolve import resolve, stack_names
 from tests.conftest import STACKS
 

@@ -33,16 +33,11 @@ from builder.hosts.drift import (
 from builder.hosts.hostcheck import check, requirements_for
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
 from builder.image.records import Record, load_record, save_record
-from builder.lock.lockfile import (
-    Lock,
-    LockedBase,
-    current_lock,
-    lock_path,
-    parse_compiled,
-    read_lock,
-    stale_reason,
-    write_lock,
-)
+from builder.lock.inputs import lock_path, stale_reason
+from builder.lock.lockfile import Lock, LockedBase
+from builder.lock.reading import current_lock, read_lock
+from builder.lock.uv_compile import parse_compiled
+from builder.lock.writing import write_lock
 from builder.render.context import render
 from builder.spec.resolve import ResolvedStack, resolve
 from tests.support.locks import lock_of

@@ -16,7 +16,8 @@ from click.testing import Result
 from builder.cli import lock as cli_lock
 from builder.cli.app import Settings
 from builder.errors import StackError
-from builder.lock.lockfile import LockedBase, resolve_base
+from builder.lock.bases import resolve_base
+from builder.lock.lockfile import LockedBase
 from tests.test_hosts import STACK, _lock_for
 
 IMAGE = "nvidia/cuda:13.0.2-devel-ubuntu24.04"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.lock import lockfile
+from builder.lock import lockfile, reading
 from tests.conftest import STACKS
 
 LOCK = STACKS / "vllm-0.33-marlin.lock"
@@ -19,19 +19,19 @@ LOCK = STACKS / "vllm-0.33-marlin.lock"
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "cache"
     monkeypatch.setenv("SM120_STACKS_CACHE_DIR", str(folder))
-    lockfile._parsed_lock.cache_clear()
+    reading._parsed_lock.cache_clear()
     return folder
 
 
 def _count_yaml_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     parsed: list[Path] = []
-    real = lockfile.load_yaml
+    real = reading.load_yaml
 
     def counting(path: Path):  # type: ignore[no-untyped-def]
         parsed.append(path)
         return real(path)
 
-    monkeypatch.setattr(lockfile, "load_yaml", counting)
+    monkeypatch.setattr(reading, "load_yaml", counting)
     return parsed
 
 
@@ -41,10 +41,10 @@ def test_second_read_comes_from_the_cache(
     lock = tmp_path / "x.lock"
     shutil.copy(LOCK, lock)
     parsed = _count_yaml_parses(monkeypatch)
-    first = lockfile.read_lock(lock)
+    first = reading.read_lock(lock)
     assert len(parsed) == 1 and len(list((cache / "parsed-locks").iterdir())) == 1
-    lockfile._parsed_lock.cache_clear()
-    assert lockfile.read_lock(lock) == first and len(parsed) == 1
+    reading._parsed_lock.cache_clear()
+    assert reading.read_lock(lock) == first and len(parsed) == 1
 
 
 def test_an_edited_lock_is_parsed_again(
@@ -52,11 +52,11 @@ def test_an_edited_lock_is_parsed_again(
 ) -> None:
     lock = tmp_path / "x.lock"
     shutil.copy(LOCK, lock)
-    first = lockfile.read_lock(lock)
+    first = reading.read_lock(lock)
     text = lock.read_text()
     lock.write_text(text.replace(first.inputs_hash, "sha256:" + "0" * 64, 1))
     parsed = _count_yaml_parses(monkeypatch)
-    assert lockfile.read_lock(lock).inputs_hash == "sha256:" + "0" * 64
+    assert reading.read_lock(lock).inputs_hash == "sha256:" + "0" * 64
     assert len(parsed) == 1
 
 
@@ -65,12 +65,12 @@ def test_a_broken_cache_file_is_ignored(
 ) -> None:
     lock = tmp_path / "x.lock"
     shutil.copy(LOCK, lock)
-    first = lockfile.read_lock(lock)
+    first = reading.read_lock(lock)
     (cached,) = (cache / "parsed-locks").iterdir()
     cached.write_text('{"stack": 1}')
-    lockfile._parsed_lock.cache_clear()
+    reading._parsed_lock.cache_clear()
     parsed = _count_yaml_parses(monkeypatch)
-    assert lockfile.read_lock(lock) == first and len(parsed) == 1
+    assert reading.read_lock(lock) == first and len(parsed) == 1
 
 
 def test_an_unwritable_cache_costs_time_only(
@@ -79,8 +79,8 @@ def test_an_unwritable_cache_costs_time_only(
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("SM120_STACKS_CACHE_DIR", str(blocker))  # a file: no folder under it
-    lockfile._parsed_lock.cache_clear()
-    assert lockfile.read_lock(LOCK).stack == "vllm-0.33-marlin"
+    reading._parsed_lock.cache_clear()
+    assert reading.read_lock(LOCK).stack == "vllm-0.33-marlin"
 
 
 def test_the_cache_keeps_the_python_digest_of_those_bytes(
@@ -90,9 +90,9 @@ def test_the_cache_keeps_the_python_digest_of_those_bytes(
     cache, and it is the one the lock's own Python set gives; a changed copy gets its own."""
     lock = tmp_path / "x.lock"
     shutil.copy(LOCK, lock)
-    first = lockfile.read_lock(lock)
-    lockfile._parsed_lock.cache_clear()
-    from_cache = lockfile.read_lock(lock)
+    first = reading.read_lock(lock)
+    reading._parsed_lock.cache_clear()
+    from_cache = reading.read_lock(lock)
     remembered = lockfile._python_digests[id(from_cache)][1]  # from the cache, not worked out
     fresh = lockfile.Lock.model_validate(first.model_dump())
     assert remembered == lockfile.python_digest(fresh) == lockfile.python_digest(first)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.lock.lockfile import make_lock
+from builder.lock.uv_compile import make_lock
 from builder.spec.resolve import resolve
 
 #: Asks the real package index (PyPI): skipped loudly where it does not answer.

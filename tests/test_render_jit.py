@@ -15,13 +15,10 @@ from pathlib import Path
 import pytest
 
 from builder import REPO_ROOT
-from builder.lock.lockfile import (
-    LockedPackage,
-    inputs_hash,
-    lock_inputs,
-    read_lock,
-    write_lock,
-)
+from builder.lock.inputs import inputs_hash, lock_inputs
+from builder.lock.lockfile import LockedPackage
+from builder.lock.reading import read_lock
+from builder.lock.writing import write_lock
 from builder.render.context import RenderedContext, render, template_context
 from builder.render.jitdeps import jit_dependency_names, jit_package_names
 from builder.spec.resolve import resolve

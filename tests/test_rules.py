@@ -11,7 +11,8 @@ from click.testing import Result
 from packaging.specifiers import SpecifierSet
 
 from builder import REPO_ROOT
-from builder.lock.lockfile import lock_path, read_lock
+from builder.lock.inputs import lock_path
+from builder.lock.reading import read_lock
 from builder.spec.archflags import derive
 from builder.spec.check import check_stack
 from builder.spec.resolve import resolve, rule_facts, stack_names

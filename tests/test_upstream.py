@@ -17,11 +17,9 @@ from click.testing import Result
 from packaging.version import Version
 
 from builder.errors import StackError
-from builder.lock.lockfile import (
-    Lock,
-    lock_path,
-    write_lock,
-)
+from builder.lock.inputs import lock_path
+from builder.lock.lockfile import Lock
+from builder.lock.writing import write_lock
 from builder.spec import knowledge, rules
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.spec.yamlsafe import load_yaml

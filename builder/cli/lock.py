@@ -12,15 +12,12 @@ import click
 
 from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
 from builder.errors import StackError
-from builder.lock.lockfile import (
-    UNPINNED,
-    current_lock,
-    lock_path,
-    make_lock,
-    read_lock,
-    write_lock,
-)
-from builder.lock.lockfile import refresh_bases as refresh_base_digests
+from builder.lock.bases import refresh_bases as refresh_base_digests
+from builder.lock.inputs import lock_path
+from builder.lock.lockfile import UNPINNED
+from builder.lock.reading import current_lock, read_lock
+from builder.lock.uv_compile import make_lock
+from builder.lock.writing import write_lock
 
 
 @cli.command()

@@ -21,7 +21,7 @@ from builder.image.names import HASH_CHARS
 from builder.image.records import Record, load_record, record_path
 from builder.image.uptodate import fingerprint
 from builder.lock.locked import lock_stack, require_pinned_bases
-from builder.lock.lockfile import locked_versions
+from builder.lock.reading import locked_versions
 from builder.render.context import write_context
 from builder.spec.check import check_stack, violation_error
 from builder.spec.manifest import Manifest

@@ -12,14 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import StackError
-from builder.lock.lockfile import (
-    Lock,
-    base_reference,
-    floating_bases,
-    lock_path,
-    read_lock,
-    stale_reason,
-)
+from builder.lock.inputs import base_reference, floating_bases, lock_path, stale_reason
+from builder.lock.lockfile import Lock
+from builder.lock.reading import read_lock
 from builder.spec.resolve import ResolvedStack
 
 

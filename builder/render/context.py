@@ -22,8 +22,9 @@ import jinja2
 
 from builder import REPO_ROOT
 from builder.errors import StackError
+from builder.lock.inputs import base_reference
 from builder.lock.locked import LockedStack, lock_stack
-from builder.lock.lockfile import Lock, base_reference
+from builder.lock.lockfile import Lock
 from builder.render.digests import DigestCache
 from builder.render.jitdeps import jit_inputs_digest, jit_patches, jit_requirements
 from builder.render.requirements import lock_requirements

@@ -9,7 +9,9 @@ from typing import Any, Literal
 from packaging.version import Version
 
 from builder.errors import StackError
-from builder.lock.lockfile import Lock, flatten, lock_path, read_lock, stale_reason
+from builder.lock.inputs import flatten, lock_path, stale_reason
+from builder.lock.lockfile import Lock
+from builder.lock.reading import read_lock
 from builder.render.context import render
 from builder.spec.resolve import ResolvedStack
 from builder.upstream.releases import Kind, classify

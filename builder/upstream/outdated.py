@@ -9,7 +9,8 @@ from typing import Any, Literal
 from packaging.utils import canonicalize_name
 
 from builder.errors import StackError
-from builder.lock.lockfile import lock_path, read_lock
+from builder.lock.inputs import lock_path
+from builder.lock.reading import read_lock
 from builder.spec.resolve import ResolvedStack
 from builder.upstream.index import IndexClient
 from builder.upstream.releases import KINDS, Kind, classify, newer

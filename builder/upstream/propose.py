@@ -7,8 +7,9 @@ stacks folder; stacks/NEW.yaml and its lock are written only once all of that su
 
 Where a rule fires on the proposal (on its pins, or on what its lock would install) and carries a
 `remedy` (knowledge/rules.yaml), the remedy's pin joins the moves, with the pins its release
-requires, and the proposal is resolved, locked and checked again; it is written only once no rule
-fires. The moves table and the warnings say which rule's remedy made which pin.
+requires, or the start switches it names are set in the proposal (builder.upstream.settings), and
+the proposal is resolved, locked and checked again; it is written only once no rule fires. The
+moves table and the warnings say which rule's remedy made which pin or setting.
 """
 
 from __future__ import annotations
@@ -28,16 +29,19 @@ from packaging.version import InvalidVersion, Version
 from builder.engine.protocol import Engine
 from builder.errors import StackError
 from builder.files import write_atomic
-from builder.lock.lockfile import Lock, make_lock, write_lock
+from builder.lock.lockfile import Lock
+from builder.lock.uv_compile import make_lock
+from builder.lock.writing import write_lock
 from builder.spec.check import CheckResult, check_stack, violation_error
 from builder.spec.resolve import STACK_NAME, ResolvedStack, deep_merge, resolve
-from builder.spec.rules import Rule
+from builder.spec.rules import Rule, SwitchesRemedy
 from builder.spec.substitute import Substitutions
 from builder.spec.yamlsafe import load_yaml
 from builder.upstream.index import IndexClient
 from builder.upstream.moves import Move, plan_moves
 from builder.upstream.releases import newest_matching
 from builder.upstream.ruling import firing, mitigations, retired, stack_rules
+from builder.upstream.settings import AppliedSettings, apply_settings, settings_for, settings_lines
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ class AppliedRemedy:
     #: The remedy's specifier the version is the newest release of.
     newest: str
     why: str
+
+    def what(self) -> str:
+        return f"{self.package} {self.version}"
 
     def describe(self) -> str:
         return (
@@ -75,6 +82,8 @@ class Proposal:
     written: list[Path] = field(default_factory=list)
     #: Remedies of rules that fired on the proposal, applied (their pins are among the moves).
     remedies: list[AppliedRemedy] = field(default_factory=list)
+    #: Remedies of rules that fired on the proposal and set start switches (in its manifest).
+    settings: list[AppliedSettings] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +93,7 @@ class Proposal:
             "rules_apply": self.applies,
             "rules_retire": self.retires,
             "remedies_applied": [dataclasses.asdict(r) for r in self.remedies],
+            "settings_applied": [dataclasses.asdict(s) for s in self.settings],
             "warnings": self.warnings,
             "locked_packages": len(self.lock.python.versions()) if self.lock else None,
             "written": [str(p) for p in self.written],
@@ -144,12 +154,13 @@ def propose(
         pins = ", ".join(f"{n} {v}" for n, v in sets.items())
         raise StackError(f"nothing moves: {base.name} already pins {pins}", key="--set")
     remedies: list[AppliedRemedy] = []
+    settings: list[AppliedSettings] = []
     scratch = Path(tempfile.mkdtemp(prefix=f".propose-{name}.", dir=stacks_dir.parent))
     try:
         for manifest in stacks_dir.glob("*.yaml"):
             shutil.copy2(manifest, scratch / manifest.name)
         while True:
-            text = manifest_text(name, base, moves, command)
+            text = manifest_text(name, base, moves, command, settings)
             (scratch / f"{name}.yaml").write_text(text)
             try:
                 stack = resolve(name, scratch, substitutions)
@@ -161,16 +172,18 @@ def propose(
                     result = check_stack(stack, made.python.versions())
                 if result.ok:
                     break
-                more = _remedies(result, base, moves, remedies, client)
-                if not more:
+                more, more_settings = _remedies(result, base, moves, remedies + settings, client)
+                if not more and not more_settings:
                     raise violation_error(result)
             except StackError as exc:
                 raise _outside(exc, scratch, target_path, moves) from None
-            remedies += more
-            moves, warnings = _with_remedies(base, sets, drops or [], client, remedies)
+            settings += more_settings
+            if more:
+                remedies += more
+                moves, warnings = _with_remedies(base, sets, drops or [], client, remedies)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    warnings = [remedy.describe() for remedy in remedies] + warnings
+    warnings = [r.describe() for r in [*settings, *remedies]] + warnings
     old_rules = stack_rules(base)
     before = {rule.id for rule in old_rules.firing}
     after = set(firing(stack, made.python.versions() if made else {}))
@@ -194,6 +207,7 @@ def propose(
         warnings=warnings,
         lock=made,
         remedies=remedies,
+        settings=settings,
     )
     _write(proposal, target_path)
     return proposal
@@ -206,28 +220,33 @@ def _remedies(
     result: CheckResult,
     base: ResolvedStack,
     moves: list[Move],
-    applied: list[AppliedRemedy],
+    applied: list[AppliedRemedy | AppliedSettings],
     client: IndexClient,
-) -> list[AppliedRemedy]:
-    """The remedies to apply for the rules that fire: [] when one of them has none (the
-    proposal fails on it). A rule whose remedy was applied and that still fires, or whose
-    remedy's package the proposal was asked to pin (--set, --drop), is an error of its own."""
+) -> tuple[list[AppliedRemedy], list[AppliedSettings]]:
+    """The remedies to apply for the rules that fire: pins, and start switches to set; none
+    when one of the rules has no remedy (the proposal fails on it). A rule whose remedy was
+    applied and that still fires, or whose remedy's package the proposal was asked to pin
+    (--set, --drop), is an error of its own."""
     fired = [violation.rule for violation in result.violations]
     if any(rule.remedy is None for rule in fired):
-        return []
+        return [], []
     done = {remedy.rule: remedy for remedy in applied}
     asked = {canonicalize_name(m.package): m for m in moves if m.explicit}
     out: list[AppliedRemedy] = []
+    switched: list[AppliedSettings] = []
     for rule in fired:
         remedy = rule.remedy
         assert remedy is not None
         if rule.id in done:
             raise StackError(
-                f"rule {rule.id} still fires after its remedy ({done[rule.id].package} "
-                f"{done[rule.id].version}): {rule.error}",
+                f"rule {rule.id} still fires after its remedy ({done[rule.id].what()}): "
+                f"{rule.error}",
                 key=rule.key,
                 hint=f"instead: {rule.alternative}",
             )
+        if isinstance(remedy, SwitchesRemedy):
+            switched.append(settings_for(rule, remedy, result.stack))
+            continue
         move = asked.get(canonicalize_name(remedy.pin))
         if move is not None:
             raise StackError(
@@ -245,7 +264,7 @@ def _remedies(
                 why=" ".join(remedy.why.split()),
             )
         )
-    return out
+    return out, switched
 
 
 def _newest(base: ResolvedStack, package: str, newest: str, rule: Rule, client: IndexClient) -> str:
@@ -323,9 +342,15 @@ def _summary(moves: list[Move]) -> str:
 # --- the manifest ------------------------------------------------------------------------------
 
 
-def manifest_text(name: str, base: ResolvedStack, moves: list[Move], command: str) -> str:
-    """`extends` the old stack and overrides only what moved, each pin with why; a full copy
-    when a pin is dropped."""
+def manifest_text(
+    name: str,
+    base: ResolvedStack,
+    moves: list[Move],
+    command: str,
+    settings: list[AppliedSettings] | None = None,
+) -> str:
+    """`extends` the old stack and overrides only what moved, each pin with why, and what the
+    remedies set; a full copy when a pin is dropped."""
     explicit = [m for m in moves if m.explicit and m.new is not None]
     headline = ", ".join(f"{m.package} {m.new}" for m in explicit) or "new pins"
     description = (
@@ -337,7 +362,7 @@ def manifest_text(name: str, base: ResolvedStack, moves: list[Move], command: st
         "# Not built or tested: review the moves, build, test, and set status once it passed.",
     ]
     if any(m.new is None for m in moves):
-        return _full_copy(base, moves, header, description)
+        return _full_copy(base, moves, header, description, settings or [])
     lines = [
         *header,
         "# The pins below override the parent's; everything else is inherited from it (its",
@@ -360,10 +385,17 @@ def manifest_text(name: str, base: ResolvedStack, moves: list[Move], command: st
                 value = f"{{version: {value}, extras: [{', '.join(pin.extras)}]}}"
             was = f"was {move.old}" if move.old else "new"
             lines.append(f"    {move.package}: {value}  # {move.why} ({was})")
+    lines += settings_lines(base, settings or [])
     return "\n".join(lines) + "\n"
 
 
-def _full_copy(base: ResolvedStack, moves: list[Move], header: list[str], description: str) -> str:
+def _full_copy(
+    base: ResolvedStack,
+    moves: list[Move],
+    header: list[str],
+    description: str,
+    settings: list[AppliedSettings],
+) -> str:
     data: dict[str, Any] = {}
     for path in reversed(base.sources):
         data = deep_merge(data, load_yaml(path).data)
@@ -386,6 +418,7 @@ def _full_copy(base: ResolvedStack, moves: list[Move], header: list[str], descri
             f"#   {m.package}: {m.old or '(new)'} -> {m.new or '(dropped)'}  ({m.why})"
             for m in moves
         ),
+        *apply_settings(data, base, settings),
     ]
     body = yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
     return "\n".join(lines) + "\n" + body

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from builder.lock.lockfile import locked_versions
+from builder.lock.reading import locked_versions
 from builder.spec.resolve import ResolvedStack, rule_facts
 from builder.spec.rules import Rule, evaluate, load_rules, retired_by
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from builder.lock.inputs import inputs_hash, lock_inputs
 from builder.lock.lockfile import (
     LOCK_SCHEMA,
     Lock,
@@ -12,8 +13,6 @@ from builder.lock.lockfile import (
     LockedBases,
     LockedPackage,
     LockedPython,
-    inputs_hash,
-    lock_inputs,
 )
 from builder.spec.resolve import ResolvedStack
 

@@ -1,0 +1,123 @@
+"""Reading a lock file: validated, parsed once per process while the file is unchanged, and
+kept parsed on disk by its bytes' sha256 (the parse cache), so `list` and `check` do not pay
+for YAML parsing every time; the stack's lock as a build takes it (current_lock) or as the
+rules read it (locked_versions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+from builder.errors import (
+    StackError,
+)
+from builder.files import write_atomic
+from builder.lock.inputs import lock_path, stale_reason
+from builder.lock.lockfile import LOCK_SCHEMA, Hash, Lock, python_digest, remember_python_digest
+from builder.spec.knowledge import parse_document
+from builder.spec.resolve import ResolvedStack
+from builder.spec.strict import Strict
+from builder.spec.yamlsafe import MAX_BYTES, load_yaml
+
+#: What a parse cache file holds (_ParseCacheEntry); 1 was the bare lock.
+PARSE_CACHE_FORMAT = 2
+
+
+def read_lock(path: Path) -> Lock:
+    """A lock file, validated; any problem is a StackError with the file, key and line.
+
+    A lock is a few hundred kB of hashes, and one command asks for it several times (its
+    freshness, its versions for the rules, its requirements for the context): it is parsed once
+    per process for as long as the file is unchanged (size, mtime, inode), and the parsed lock
+    is frozen, so sharing it is safe."""
+    stat = path.stat()
+    if stat.st_size > MAX_BYTES:
+        raise StackError(f"lock file is larger than {MAX_BYTES} bytes", file=path)
+    return _parsed_lock(path.resolve(), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_lock(path: Path, size: int, mtime_ns: int, inode: int) -> Lock:
+    """Parsed from the YAML, or from the parse cache when these very bytes were parsed before:
+    YAML parsing is most of what `list` and `check` cost (30 ms a lock), the validated JSON of
+    the same lock loads in 2."""
+    raw = path.read_bytes()
+    cached = _parse_cache_file(raw)
+    if cached is not None:
+        try:
+            entry = _ParseCacheEntry.model_validate_json(cached.read_bytes())
+        except (OSError, ValueError):
+            pass  # unreadable or from another version of the model: parse the YAML again
+        else:
+            remember_python_digest(entry.lock, entry.python_digest)
+            return entry.lock
+    lock = parse_document(load_yaml(path), Lock)
+    if lock.locked_hash is not None and lock.locked_hash != lock.pinned_hash():
+        raise StackError(
+            "what the lock pins does not match its locked_hash: the file was cut short or "
+            "edited by hand",
+            file=path,
+            key="locked_hash",
+            hint=f"run `sm120-stacks lock {lock.stack}` again (or restore the file from git)",
+        )
+    if cached is not None:
+        with contextlib.suppress(OSError):  # a cache that cannot be written costs time only
+            entry = _ParseCacheEntry(lock=lock, python_digest=python_digest(lock))
+            write_atomic(cached, entry.model_dump_json())
+    return lock
+
+
+class _ParseCacheEntry(Strict):
+    """A parse cache file: the validated lock and what is slow to derive from it."""
+
+    python_digest: Hash
+    lock: Lock
+
+
+def _parse_cache_file(raw: bytes) -> Path | None:
+    """Where the parsed form of a lock with these bytes is kept: named by their sha256 and
+    the lock schema, so it cannot go stale; $SM120_STACKS_CACHE_DIR, else the user's cache
+    folder ($XDG_CACHE_HOME or ~/.cache); None where neither can be found."""
+    explicit, user = os.environ.get("SM120_STACKS_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME")
+    if explicit:
+        base = Path(explicit)
+    elif user:
+        base = Path(user) / "sm120-stacks"
+    else:
+        try:
+            base = Path.home() / ".cache" / "sm120-stacks"
+        except RuntimeError:  # no home directory
+            return None
+    digest = hashlib.sha256(raw).hexdigest()
+    return base / "parsed-locks" / f"v{LOCK_SCHEMA}-c{PARSE_CACHE_FORMAT}-{digest}.json"
+
+
+def current_lock(stack: ResolvedStack) -> Lock | None:
+    """The stack's lock for a build: None without one; a stale or broken lock is an error."""
+    path = lock_path(stack)
+    if not path.is_file():
+        return None
+    lock = read_lock(path)
+    reason = stale_reason(stack, lock)
+    if reason is not None:
+        raise StackError(
+            f"lock no longer matches stacks/{stack.name}.yaml: {reason}",
+            file=path,
+            key="inputs_hash",
+            hint=f"run `sm120-stacks lock {stack.name}`, or delete the lock to build without one",
+        )
+    return lock
+
+
+def locked_versions(stack: ResolvedStack) -> dict[str, str] | None:
+    """The versions the stack's lock installs (name -> version), for the compatibility rules:
+    None without a lock or with a stale one (`check` reports that on its own)."""
+    path = lock_path(stack)
+    if not path.is_file():
+        return None
+    lock = read_lock(path)
+    return lock.python.versions() if stale_reason(stack, lock) is None else None
