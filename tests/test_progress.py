@@ -19,10 +19,11 @@ from builder.engine.progress import LayerProgress, Progress, StepTracker, Thrott
 from builder.engine.protocol import LayerEvent
 from builder.hosts.fleet import health_gate
 from builder.spec.resolve import resolve
-from builder.verify import soak
+from builder.verify import soak_load
 from builder.verify.smoke import LiveServer, run_smoke_url
 from builder.verify.smoke_report import SmokeReport
-from builder.verify.soak import SoakSettings, run_soak
+from builder.verify.soak import run_soak
+from builder.verify.soak_load import SoakSettings
 from tests.support.fake_chat import Behaviour, fake_chat_server, url_of
 
 LOG = """\
@@ -145,7 +146,7 @@ WAITING = re.compile(
 def often(monkeypatch: pytest.MonkeyPatch) -> None:
     """A progress line every half second: a test's server starts in seconds, not minutes."""
     monkeypatch.setattr(progress, "EVERY_S", 0.5)
-    monkeypatch.setattr(soak, "PROGRESS_EVERY_S", 0.5)
+    monkeypatch.setattr(soak_load, "PROGRESS_EVERY_S", 0.5)
 
 
 def test_a_slow_server_shows_the_health_wait_with_its_last_log_line(

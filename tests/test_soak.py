@@ -18,17 +18,10 @@ from click.testing import Result
 from builder import REPO_ROOT
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.verify.smoke import LiveServer, SmokeReport
-from builder.verify.soak import (
-    CHECK_ERRORS,
-    CHECK_MEMORY,
-    CHECK_STALL,
-    USER_AGENT,
-    SoakSettings,
-    process_tree_rss,
-    run_soak,
-    soak_prompts,
-)
+from builder.verify.soak import run_soak
 from builder.verify.soak_files import Chart, png, summary_line
+from builder.verify.soak_load import USER_AGENT, SoakSettings, process_tree_rss, soak_prompts
+from builder.verify.soak_verdict import CHECK_ERRORS, CHECK_MEMORY, CHECK_STALL
 from tests.support.fake_chat import Behaviour, fake_chat_server, url_of
 
 

@@ -18,7 +18,9 @@ import pytest
 from builder.engine.docker_adapter import DockerEngine
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.verify.smoke import SmokeReport, run_smoke
-from builder.verify.soak import CHECK_ERRORS, CHECK_MEMORY, CHECK_STALL, USER_AGENT, after_smoke
+from builder.verify.soak import after_smoke
+from builder.verify.soak_load import USER_AGENT
+from builder.verify.soak_verdict import CHECK_ERRORS, CHECK_MEMORY, CHECK_STALL
 from tests.engine.test_smoke import HEALTH_TIMEOUT_S, MODEL_PATH, failed_names, site_packages
 
 pytestmark = pytest.mark.engine
