@@ -40,17 +40,19 @@ from builder.spec.runtime_caches import (
 from builder.spec.yamlsafe import load_yaml
 from builder.verify import report as reports
 from builder.verify.compiles import find_compiles
-from builder.verify.kernel_cache import (
-    CacheWatches,
-    DirectoryWatch,
+from builder.verify.kernel_cache import classify
+from builder.verify.kernel_listing import (
     Listing,
-    classify,
-    container_watch,
-    directory_watch,
     list_directory,
     listing_command,
     parse_kernel_name,
     parse_module_dir,
+)
+from builder.verify.kernel_watch import (
+    CacheWatches,
+    DirectoryWatch,
+    container_watch,
+    directory_watch,
 )
 from builder.verify.smoke import SmokeReport, format_table, run_smoke, run_smoke_url
 from builder.verify.validate import (
@@ -829,7 +831,7 @@ def test_test_gives_its_gpu_smoke_the_container_watch(
     run_smoke a watch of the image's own workspace."""
     from builder.cli.verify import _smoke_runner
     from builder.verify import smoke as smoke_module
-    from builder.verify.kernel_cache import CacheWatches, ContainerWatch
+    from builder.verify.kernel_watch import CacheWatches, ContainerWatch
 
     given: dict[str, Any] = {}
 

@@ -17,12 +17,9 @@ from builder.spec.runtime_caches import (
     cache_layouts,
 )
 from builder.verify.compiles import compile_kinds, find_compiles, find_events
-from builder.verify.kernel_cache import (
-    classify,
-    directory_watch,
-    list_directory,
-    summary_lines,
-)
+from builder.verify.kernel_cache import classify, summary_lines
+from builder.verify.kernel_listing import list_directory
+from builder.verify.kernel_watch import directory_watch
 from builder.verify.smoke import CHECK_JIT, SmokeReport, format_table, judge_compiles
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runtime-compiles"
@@ -471,7 +468,7 @@ def test_the_autotune_store_is_found_where_vllm_points_it(tmp_path: Path) -> Non
     import subprocess
     import sys
 
-    from builder.verify.kernel_cache import Listing, listing_command
+    from builder.verify.kernel_listing import Listing, listing_command
 
     layout = cache_layouts()["flashinfer_autotune"]
     pointed = tmp_path / "volume" / "autotune"

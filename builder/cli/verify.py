@@ -31,7 +31,8 @@ from builder.spec.checkpoint import check_checkpoint
 from builder.spec.mounts import SYNTAX, parse_mount
 from builder.spec.resolve import ResolvedStack
 from builder.verify import model_folder
-from builder.verify.kernel_cache import container_watch, directory_watch, summary_lines
+from builder.verify.kernel_cache import summary_lines
+from builder.verify.kernel_watch import container_watch, directory_watch
 from builder.verify.report import CacheRow, TestReport
 from builder.verify.smoke_report import format_table
 from builder.verify.validate import SmokeRunner, validate

@@ -2,7 +2,7 @@
 knowledge/runtime_caches.yaml: the schema of that file and the layouts a stack's pins select.
 
 Field knowledge, read like the other knowledge files (spec/): the smoke's watch of a cache
-(verify/kernel_cache.py) is what uses it.
+(verify/kernel_listing.py, kernel_cache.py, kernel_watch.py) is what uses it.
 """
 
 from __future__ import annotations

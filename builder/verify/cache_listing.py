@@ -1,7 +1,7 @@
 """List the module folders of a runtime kernel cache: the standard library only, so the same file
 runs here on a directory of this machine and, as `python -c`, inside a container of an image.
 
-It knows no layout: the one argument is a JSON object (builder/verify/kernel_cache.py builds it
+It knows no layout: the one argument is a JSON object (builder/verify/kernel_listing.py builds it
 from knowledge/runtime_caches.yaml) with the root (or the variables naming it: ones that name it
 itself, else one with its default and the path below it), the name of the folder that holds
 module folders, regexes for a module folder's name and a kernel file's name, and the folder of a

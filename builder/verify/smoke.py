@@ -44,7 +44,7 @@ from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import CompileFindings, find_compiles, smoke_environment
 from builder.verify.egress import EgressWatch, judge_egress
 from builder.verify.garbage import answer_matches, garbage_reasons
-from builder.verify.kernel_cache import CacheWatches
+from builder.verify.kernel_watch import CacheWatches
 from builder.verify.owner import OWNER_LABEL, owner, reap_orphans
 from builder.verify.smoke_report import (
     CHECK_ANSWER,

@@ -3,7 +3,7 @@ container that the next run reaps (builder/engine/throwaway.py, engine/owner.py)
 
 The killed process is a real one running `test`'s own code on the real engine: the device-code
 scan (verify/device_code.scan_image) or the kernel-cache watch's listing before the smoke
-(verify/kernel_cache ContainerWatch.before). Their image is the small local base with its
+(verify/kernel_watch ContainerWatch.before). Their image is the small local base with its
 /opt/venv/bin/python made slow (it sleeps, then runs python3), so the container is still at
 work when the tool dies. The test then waits for that container to end, checks it is still
 there (the dead run could not remove it), and runs the next throwaway, which must remove it.
@@ -31,7 +31,7 @@ from builder.engine.throwaway import ThrowawayFailed, run_throwaway
 from builder.errors import EngineNotFound
 from builder.render.context import VENV
 from builder.spec.resolve import resolve
-from builder.verify.kernel_cache import container_watch
+from builder.verify.kernel_watch import container_watch
 from tests.conftest import STACKS
 from tests.engine.conftest import LOCAL_BASE, unique
 
