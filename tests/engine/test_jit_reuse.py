@@ -19,6 +19,7 @@ from builder.spec.resolve import resolve
 
 pytestmark = pytest.mark.engine
 
+TOOL = "/opt/sm120-stacks/tools/flashinfer_jit.py"
 #: The compile step's header in BuildKit's plain log: "#12 [jit-cache 3/3] RUN --mount=...".
 COMPILE_STEP = re.compile(r"^(#\d+) \[jit-cache \d+/\d+\] RUN .*flashinfer_jit\.py", re.M)
 
@@ -96,3 +97,29 @@ def test_a_child_adding_an_unrelated_package_reuses_the_compiled_modules(
     ]
     failed = [c["name"] for c in report["checks"] if not c["passed"] and not c["skipped"]]
     assert (result.returncode, failed) == (0, [])
+
+
+def test_an_arch_change_is_never_served_the_parents_modules(
+    ci_mini: dict[str, str],
+    cli_process: Callable[..., Any],
+    variant: Callable[[str, str], str],
+    workspace: Path,
+    api: Any,
+) -> None:
+    """A child of ci-mini for sm90 (ci-mini-sm90's arch): its compile step is its own (run now,
+    or CACHED from an earlier build of exactly its inputs), and its module is sm_90a code."""
+    stack = variant("jit-arch", "gpus: [sm90]")
+    cli_process("build", stack)
+    log = build_log(workspace, stack)
+    outcome = compile_step_outcome(log)
+    if outcome != "CACHED":
+        assert "compiling norm for 9.0a" in log, outcome
+    stacks = workspace / "stacks"
+    resolved = resolve(stack, stacks)
+    assert template_context(resolved).jit_cache_id != (
+        template_context(resolve("ci-mini", stacks)).jit_cache_id
+    )
+    ref = local_ref(stack, render(resolved).content_hash())
+    out = run_in(api, ref, f"python {TOOL} verify norm")
+    row = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    assert (row["status"], row["archs"]) == ("hit", ["sm_90a"]), row
