@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLI := $(BIN)/sm120-stacks
 STACK ?= ci-mini
 
-.PHONY: help venv host host-registry stack build render check docs docs-check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet bench-faults bench-tool-soak bench-warm-fleet arm64-emulated clean
+.PHONY: help venv host host-registry stack build render check docs docs-check lint typecheck test test-fast golden base-local base-cuda-local wheels-local flagship-local bench bench-flagship bench-cache bench-fleet bench-faults bench-tool-soak bench-kill bench-warm-fleet arm64-emulated clean
 
 help:
 	@echo "make stack STACK=NAME   build, then test, the image of stacks/NAME.yaml (MODELS=DIR: the host's model folder)"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-cache        a fresh engine builds a ci-mini variant from the registry's cache (bench/RESULTS.md)"
 	@echo "make bench-fleet        two hosts (namespaces, sshd, dockerd): roll, rollback, drift (bench/RESULTS.md)"
 	@echo "make bench-faults       a private engine restarted mid-build/push/test, a full registry, a prune (bench/FAULTS.md)"
+	@echo "make bench-kill         SIGKILL build/push/pin/deploy --apply of ci-mini at spread points, invariants checked (bench/FAULTS.md)"
 	@echo "make bench-tool-soak    two build folders looping build..verify on the fleet, then leaks counted (bench/FAULTS.md)"
 	@echo "make bench-warm-fleet   a warm cache captured on one namespace host, restored and proved on a second"
 	@echo "make arm64-emulated     ci-mini for linux/arm64 under qemu here: qemu/binfmt, arm64 bases, build, test (MEASURE=1: timed cold against amd64, bench/RESULTS.md)"
@@ -130,6 +131,12 @@ bench-fleet: venv host-registry base-cuda-local
 # registry's disk full; a prune mid-test): bench/FAULTS.md, raw logs under bench/results/faults/.
 bench-faults: venv host base-cuda-local build/tiny-model
 	bench/engine-faults.sh
+
+# Issue 34's first slice: build, push, pin and deploy --apply of a ci-mini variant SIGKILLed at
+# points spread over each (time, printed lines), the next command run, the invariants checked:
+# bench/FAULTS.md "Kill it anywhere", bench/results/kill-sweep/. Not part of `make test`.
+bench-kill: venv host base-cuda-local build/tiny-model
+	$(BIN)/python bench/kill_sweep.py
 
 # Two loops at once of change, build, test, push, pin, deploy, verify on the namespace fleet,
 # then every leak counted (LOOPS, LIMIT_S): bench/FAULTS.md, bench/results/tool-soak/.
