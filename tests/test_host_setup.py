@@ -63,7 +63,7 @@ def test_with_everything_up_it_does_nothing_and_says_nothing() -> None:
 # host installs are already in apt's cache), in a network namespace of its own: it cannot see
 # this machine's engine or its registry, and all it starts dies with the case.
 
-NEEDS_ROOT = "needs root (debootstrap, chroot, unshare)"
+NEEDS_ROOT = "needs root and unshare, ss (util-linux, iproute2) for the throwaway host"
 NO_ROOT = os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ss") is None
 
 
