@@ -92,6 +92,7 @@ def test_the_spark_stack_substitutes_to_the_local_arm64_base(tmp_path: Path) -> 
     assert set(re.findall(r"^FROM (\S+) AS", dockerfile, re.MULTILINE)) <= {
         ARM64_CUDA_BASE,
         "toolchain",
+        "jit-deps",  # what the JIT compile reads, FROM toolchain (builder/render/jitdeps.py)
         "packages",
         "patched",
         "jit-cache",

@@ -53,6 +53,8 @@ SERVE = [
     "0.5",
     "--dtype",
     "bfloat16",
+    # The parent's TRT-LLM attention gate off, as on every 0.33 stack (serve_switches.yaml).
+    "--attention-config.use_trtllm_attention=false",
 ]
 #: Seed 003's environment and NVLink multicast kept off (the stack's env, as data).
 ENV = {

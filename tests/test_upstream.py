@@ -21,6 +21,7 @@ from builder.lock.inputs import lock_path
 from builder.lock.lockfile import Lock
 from builder.lock.writing import write_lock
 from builder.spec import knowledge, rules
+from builder.spec.check import check_stack
 from builder.spec.resolve import ResolvedStack, resolve
 from builder.spec.yamlsafe import load_yaml
 from builder.upstream.index import IndexClient
@@ -458,9 +459,12 @@ def test_without_a_remedy_the_rule_refuses_the_proposal(
     uv_as_recorded: list[dict[str, str]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """What propose did before rules carried remedies: the lock fires the rule, nothing is
-    written."""
-    bare = tuple(r.model_copy(update={"remedy": None}) for r in rules.load_rules())
+    """What propose did before the rule carried its remedy: the lock fires the rule, nothing is
+    written. (The start switches' remedies stay: without them the rule on the switches refuses
+    the proposal before anything is locked.)"""
+    bare = tuple(
+        r.model_copy(update={"remedy": None}) if r.id == RULE else r for r in rules.load_rules()
+    )
     monkeypatch.setattr(rules, "load_rules", lambda: bare)
     result = run_cli(
         "propose", "try", "--from", "offline", "--set", "vllm=0.33.0", stacks_dir=offline
@@ -486,7 +490,7 @@ def test_a_remedy_that_does_not_clear_its_rule_writes_nothing(
     expected: str,
 ) -> None:
     def edited(rule: rules.Rule) -> rules.Rule:
-        if rule.remedy is None:
+        if rule.id != RULE or not isinstance(rule.remedy, rules.PinRemedy):
             return rule
         remedy = rule.remedy.model_copy(update={"newest": newest})
         return rule.model_copy(update={"remedy": remedy})
@@ -520,6 +524,143 @@ def test_an_explicit_set_is_not_overruled_by_a_remedy(
     assert f"rule {RULE} fires, and its remedy would pin cuda-python" in flat
     assert "--set (a new pin) cuda-python 12.6.2.post1 overrules" in flat
     assert not (offline / "try.yaml").exists()
+
+
+# --- propose: a rule's remedy sets the start switches --------------------------------------------
+
+SWITCHES_RULE = "serve-path-reaches-network"
+GATE_RULE = "trtllm-gate-follows-network"
+GATE_OFF = "--attention-config.use_trtllm_attention=false"
+#: What knowledge/serve_switches.yaml has the image set (its switches' variables).
+SWITCH_ENV = {
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "FLASHINFER_NO_DOWNLOAD": "1",
+}
+
+
+def _why(rule_id: str) -> str:
+    remedy = next(r.remedy for r in rules.load_rules() if r.id == rule_id)
+    assert remedy is not None
+    return " ".join(remedy.why.split())
+
+
+def test_propose_sets_the_start_switches_the_rule_s_remedy_names(
+    offline: Path, run_cli: Callable[..., Result]
+) -> None:
+    """vLLM 0.22 -> 0.33 from a stack that predates the switches: the proposal sets each in its
+    env, says so, and the written stack checks clean and leaves none open."""
+    args = ("propose", "try", "--from", "offline", "--set", "vllm=0.33.0", "--no-lock")
+    result = run_cli(*args, "--json", stacks_dir=offline)
+    assert result.exit_code == 0, result.output
+    proposal = json.loads(result.output)
+    # marlin's route never reaches FlashInfer attention: the gate is not asked, so not set
+    assert proposal["settings_applied"] == [
+        {"rule": SWITCHES_RULE, "env": SWITCH_ENV, "extra_args": [], "why": _why(SWITCHES_RULE)}
+    ]
+    assert any(
+        w.startswith(f"rule {SWITCHES_RULE} fired on the proposal") for w in proposal["warnings"]
+    )
+    assert SWITCHES_RULE not in proposal["rules_apply"]
+    text = (offline / "try.yaml").read_text()
+    assert f"#   env.HF_HUB_OFFLINE: set by the remedy of rule {SWITCHES_RULE}" in text
+    stack = resolve("try", offline)
+    assert {k: stack.manifest.env[k] for k in SWITCH_ENV} == SWITCH_ENV
+    assert stack.manifest.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"  # the parent's env is kept
+    assert stack.start_switches is not None and stack.start_switches.open == ()
+    assert check_stack(stack).violations == []  # no rule fires (not locked: --no-lock)
+
+
+def test_propose_turns_the_gate_off_after_the_parent_s_arguments(
+    index: tuple[str, Served],
+    write_stack: Callable[..., Path],
+    stacks_dir: Path,
+    run_cli: Callable[..., Result],
+) -> None:
+    """An fp8 KV cache reaches FlashInfer attention, whose decode kernel follows the network on
+    0.33 unless the gate is off: the proposal (extending its parent, nothing dropped) writes the
+    parent's serve.extra_args with the gate's argument after them, and the variables under env.
+    One digest, one route: the decode kernel is the same with and without a network."""
+    url, _ = index
+    data = _probe(index_url=f"{url}/simple")
+    del data["python"]["packages"]["flashinfer-cubin"]  # type: ignore[index]
+    data["serve"]["model"].update(checkpoint_kv_cache_dtype="fp8_e4m3", head_dim=128)  # type: ignore[index]
+    data["serve"].update(dtype="bfloat16", extra_args=["--trust-remote-code"])  # type: ignore[index]
+    write_stack("fp8-kv", data)
+    args = ("propose", "try", "--from", "fp8-kv", "--set", "vllm=0.33.0", "--no-lock", "--json")
+    result = run_cli(*args, stacks_dir=stacks_dir)
+    assert result.exit_code == 0, result.output
+    applied = json.loads(result.output)["settings_applied"]
+    assert [(s["rule"], s["env"], s["extra_args"]) for s in applied] == [
+        (GATE_RULE, {}, [GATE_OFF]),
+        (SWITCHES_RULE, SWITCH_ENV, [GATE_OFF]),
+    ]
+    manifest = yaml.safe_load((stacks_dir / "try.yaml").read_text())
+    assert manifest["extends"] == "fp8-kv"
+    assert manifest["serve"] == {"extra_args": ["--trust-remote-code", GATE_OFF]}
+    assert manifest["env"] == SWITCH_ENV
+    stack = resolve("try", stacks_dir)
+    switches = stack.start_switches
+    assert switches is not None and switches.gate_reached and switches.gate == "off"
+    assert switches.open == () and switches.decode(online=True) == switches.decode(online=False)
+    assert check_stack(stack).violations == []
+
+
+def test_a_switches_remedy_that_does_not_clear_its_rule_writes_nothing(
+    offline: Path, run_cli: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The remedy set to name one switch of three: the rule still fires, and says what was set."""
+
+    def narrowed(rule: rules.Rule) -> rules.Rule:
+        if rule.id != SWITCHES_RULE or rule.remedy is None:
+            return rule
+        return rule.model_copy(
+            update={"remedy": rule.remedy.model_copy(update={"switches": ["usage-stats"]})}
+        )
+
+    changed = tuple(narrowed(r) for r in rules.load_rules())
+    monkeypatch.setattr(rules, "load_rules", lambda: changed)
+    args = ("propose", "try", "--from", "offline", "--set", "vllm=0.33.0", "--no-lock")
+    result = run_cli(*args, stacks_dir=offline)
+    assert result.exit_code == 2
+    flat = " ".join(result.output.split())
+    assert (
+        f"rule {SWITCHES_RULE} still fires after its remedy "
+        "(env VLLM_NO_USAGE_STATS=1, env DO_NOT_TRACK=1)"
+    ) in flat
+    assert "nothing was written" in flat and not (offline / "try.yaml").exists()
+
+
+GATE_SWITCHES = "      switches: [trtllm-attention-gate]\n"
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "message"),
+    [
+        (
+            (GATE_SWITCHES, "      switches: [trtllm-attention-gate, no-such-switch]\n"),
+            "switches[1]",
+            "sets 'no-such-switch', which knowledge/serve_switches.yaml does not record",
+        ),
+        (("      start.trtllm_gate: network\n", ""), "switches", "no condition of the rule reads"),
+        ((GATE_SWITCHES, "      switches: []\n"), "switches", "sets no switch"),
+    ],
+)
+def test_bad_switches_remedy_data_is_a_load_error_naming_file_key_and_line(
+    tmp_path: Path, edit: tuple[str, str], key: str, message: str
+) -> None:
+    text = knowledge.read_knowledge("rules.yaml").path.read_text()
+    assert text.count(edit[0]) == 1
+    edited = text.replace(edit[0], edit[1])
+    (tmp_path / "rules.yaml").write_text(edited)
+    index = next(i for i, r in enumerate(rules.load_rules()) if r.id == GATE_RULE)
+    with pytest.raises(StackError) as caught:
+        rules.rules_of(load_yaml(tmp_path / "rules.yaml"))
+    error = caught.value
+    assert error.file == tmp_path / "rules.yaml" and error.key == f"rules[{index}].remedy.{key}"
+    block = edited.index("      switches:", edited.index(f"id: {GATE_RULE}"))
+    assert error.line == edited[:block].count("\n") + 1 and message in error.message
 
 
 REMEDY_LINE = '      newest: ">=12.8"\n'
@@ -623,9 +764,23 @@ def test_diff_shows_manifest_lock_rules_and_dockerfile(
         "torch": ("moved", "major"),
         "vllm": ("moved", "minor"),
     }
-    assert d["rules"]["only_b"] == ["flashinfer-trtllm-no-sm120-cubins"]
+    # right is a 0.33 stack that sets none of the start switches (knowledge/serve_switches.yaml)
+    assert d["rules"]["only_b"] == [
+        "flashinfer-trtllm-no-sm120-cubins",
+        "serve-path-reaches-network",
+    ]
     assert d["rules"]["a"] == []
-    assert d["derived"] == [] and d["render_errors"] == {}
+    # vLLM 0.33's start switches are derived for b alone (knowledge/serve_switches.yaml covers
+    # no 0.22): the gate left to the network, not reached by marlin's route, three switches open.
+    derived = {c["key"]: (c["b"], c["only"]) for c in d["derived"]}
+    assert derived["start_switches.trtllm_gate"] == ("network", "b")
+    assert derived["start_switches.trtllm_gate_reached"] == (False, "b")
+    assert [o.split(":")[0] for o in derived["start_switches.open"][0]] == [
+        "usage-stats",
+        "hf-hub-lookups",
+        "flashinfer-cubin-download",
+    ]
+    assert all(k.startswith("start_switches.") for k in derived) and d["render_errors"] == {}
     assert d["dockerfile"][:2] == ["--- left/Dockerfile", "+++ right/Dockerfile"]
     assert any(line.startswith("+") and "0.7.2.post1" in line for line in d["dockerfile"])
     assert _tree(two_stacks) == before

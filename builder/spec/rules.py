@@ -5,7 +5,8 @@ the error a user would otherwise hit at runtime, its evidence and the working al
 rule may name the package versions it affects (`affects`): it then fires only while the stack's
 version of that package is in [introduced, fixed_in), and an upgrade past fixed_in retires it.
 A rule may also carry a `remedy` a machine can apply: a pin of one package at the newest release
-a specifier allows (`propose` applies it where the rule fires on what it would lock).
+a specifier allows, or the start switches of knowledge/serve_switches.yaml it names set as that
+file says (`propose` applies either where the rule fires on the proposal).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Annotated, Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BeforeValidator, model_validator
+from pydantic import BeforeValidator, Discriminator, Tag, model_validator
 
 from builder.spec.knowledge import error_at, parse_document, read_knowledge
+from builder.spec.start_switches import switch_ids
 from builder.spec.strict import Strict
 from builder.spec.yamlsafe import YamlDocument
 
@@ -104,7 +106,7 @@ class Affects(Strict):
         return text if self.fixed_in else f"{text} (no fix known)".replace(") (", "; ")
 
 
-class Remedy(Strict):
+class PinRemedy(Strict):
     """What a machine can do about a rule: pin `pin` (python.packages) at the newest release on
     the stack's indexes that `newest` allows (not yanked, no pre-release), then lock again."""
 
@@ -117,6 +119,33 @@ class Remedy(Strict):
 
     def describe(self) -> str:
         return f"pin {self.pin} at the newest release {self.newest}"
+
+
+class SwitchesRemedy(Strict):
+    """What a machine can do about a rule on what the server reads at start: set each start
+    switch named here that the stack leaves open, as knowledge/serve_switches.yaml says (its
+    variables in env, the TRT-LLM attention gate off in serve.extra_args)."""
+
+    #: Switch ids of knowledge/serve_switches.yaml; a condition of the rule must read start.*.
+    switches: list[str]
+    #: Why setting them clears the rule, for the reviewer (propose prints it).
+    why: str
+
+    def describe(self) -> str:
+        return f"set the start switches {', '.join(self.switches)}"
+
+
+def _remedy_kind(value: Any) -> str:
+    """A remedy that names `switches` sets them; any other is a pin (whose errors then name
+    the pin's keys). The tags are bracketed so that an error's key leaves them out."""
+    named = "switches" in value if isinstance(value, dict) else isinstance(value, SwitchesRemedy)
+    return "[switches]" if named else "[pin]"
+
+
+Remedy = Annotated[
+    Annotated[PinRemedy, Tag("[pin]")] | Annotated[SwitchesRemedy, Tag("[switches]")],
+    Discriminator(_remedy_kind),
+]
 
 
 class Rule(Strict):
@@ -179,9 +208,15 @@ def rules_of(doc: YamlDocument) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def _check_remedy(doc: YamlDocument, index: int, rule: Rule, remedy: Remedy) -> None:
-    """A remedy's pin must be a package the rule's conditions read: pinning any other cannot
+def _check_remedy(
+    doc: YamlDocument, index: int, rule: Rule, remedy: PinRemedy | SwitchesRemedy
+) -> None:
+    """A remedy's pin must be a package the rule's conditions read, its switches ones
+    knowledge/serve_switches.yaml records and the rule reads (start.*): anything else cannot
     change whether the rule fires."""
+    if isinstance(remedy, SwitchesRemedy):
+        _check_switches_remedy(doc, index, rule, remedy)
+        return
     read = {normalize(path[5:]) for path in rule.when if path.startswith("pins.")}
     if normalize(remedy.pin) not in read:
         raise error_at(
@@ -191,6 +226,36 @@ def _check_remedy(doc: YamlDocument, index: int, rule: Rule, remedy: Remedy) -> 
             "so the pin cannot clear it",
             hint="pin a package the rule's `when` names as pins.<package>"
             + (f" ({', '.join(sorted(read))})" if read else ""),
+        )
+
+
+def _check_switches_remedy(
+    doc: YamlDocument, index: int, rule: Rule, remedy: SwitchesRemedy
+) -> None:
+    if not any(path.startswith("start.") for path in rule.when):
+        raise error_at(
+            [doc],
+            ("rules", index, "remedy", "switches"),
+            f"rule {rule.id}: the remedy sets start switches, and no condition of the rule reads "
+            "them, so setting them cannot clear it",
+            hint="give the rule a start.* condition (start.open_switches, start.trtllm_gate)",
+        )
+    known = switch_ids()
+    for position, switch in enumerate(remedy.switches):
+        if switch not in known:
+            raise error_at(
+                [doc],
+                ("rules", index, "remedy", "switches", position),
+                f"rule {rule.id}: the remedy sets {switch!r}, which knowledge/serve_switches.yaml "
+                "does not record",
+                hint=f"one of {', '.join(sorted(known))}",
+            )
+    if not remedy.switches:
+        raise error_at(
+            [doc],
+            ("rules", index, "remedy", "switches"),
+            f"rule {rule.id}: the remedy sets no switch",
+            hint="name the switches of knowledge/serve_switches.yaml it sets",
         )
 
 

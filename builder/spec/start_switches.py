@@ -90,6 +90,17 @@ def _env_names() -> _EnvNamesFile:
 
 
 @dataclass(frozen=True)
+class SwitchFix:
+    """What closes one open switch, as a stack spells it: variables in its env (each switch of
+    knowledge/serve_switches.yaml), or a serve argument (the gate off). `propose` applies these
+    where a rule's remedy names the switch."""
+
+    switch: str
+    env: tuple[tuple[str, str], ...] = ()
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class StartSwitches:
     """How a stack's server sets every network-dependent switch of its vLLM version."""
 
@@ -102,6 +113,8 @@ class StartSwitches:
     gate_reached: bool
     #: Switch ids whose variables the image leaves unset or set otherwise, with what to set.
     open: tuple[tuple[str, str], ...]
+    #: What closes each open switch, in the order of `open`.
+    fixes: tuple[SwitchFix, ...] = ()
 
     def decode(self, online: bool) -> str:
         """The decode kernel this stack's server runs on a host with or without the network:
@@ -136,14 +149,25 @@ def start_switches(
     gate, gate_from = trtllm_gate(manifest, docs, version.gate)
     reached = serve_path.attention_backend == FLASHINFER
     env = manifest.env
-    open_switches = [
-        (s.id, ", ".join(f"{k}={v}" for k, v in s.env.items()))
+    fixes = [
+        SwitchFix(s.id, env=tuple(s.env.items()))
         for s in version.switches
         if any(env.get(name) != value for name, value in s.env.items())
     ]
     if reached and gate == "network":
-        open_switches.insert(0, (version.gate.id, version.gate.off_arg))
-    return StartSwitches(serve_path.vllm, gate, gate_from, reached, tuple(open_switches))
+        fixes.insert(0, SwitchFix(version.gate.id, args=(version.gate.off_arg,)))
+    open_switches = tuple(
+        (fix.switch, ", ".join([*(f"{k}={v}" for k, v in fix.env), *fix.args])) for fix in fixes
+    )
+    return StartSwitches(serve_path.vllm, gate, gate_from, reached, open_switches, tuple(fixes))
+
+
+def switch_ids() -> frozenset[str]:
+    """Every switch id knowledge/serve_switches.yaml records (the gates' too): what a rule's
+    remedy may name."""
+    return frozenset(
+        name for v in _switches().versions for name in (v.gate.id, *(s.id for s in v.switches))
+    )
 
 
 def _covering(versions: Sequence[Any], vllm: str) -> Any:
@@ -257,4 +281,4 @@ def _json(text: str) -> Any:
         return text
 
 
-__all__ = ["StartSwitches", "start_switches", "trtllm_gate"]
+__all__ = ["StartSwitches", "SwitchFix", "start_switches", "switch_ids", "trtllm_gate"]

@@ -154,13 +154,13 @@ def propose(
         pins = ", ".join(f"{n} {v}" for n, v in sets.items())
         raise StackError(f"nothing moves: {base.name} already pins {pins}", key="--set")
     remedies: list[AppliedRemedy] = []
-    settings: list[AppliedSettings] = []
+    switched: list[AppliedSettings] = []
     scratch = Path(tempfile.mkdtemp(prefix=f".propose-{name}.", dir=stacks_dir.parent))
     try:
         for manifest in stacks_dir.glob("*.yaml"):
             shutil.copy2(manifest, scratch / manifest.name)
         while True:
-            text = manifest_text(name, base, moves, command, settings)
+            text = manifest_text(name, base, moves, command, switched)
             (scratch / f"{name}.yaml").write_text(text)
             try:
                 stack = resolve(name, scratch, substitutions)
@@ -172,18 +172,19 @@ def propose(
                     result = check_stack(stack, made.python.versions())
                 if result.ok:
                     break
-                more, more_settings = _remedies(result, base, moves, remedies + settings, client)
+                more, more_settings = _remedies(result, base, moves, [*remedies, *switched], client)
                 if not more and not more_settings:
                     raise violation_error(result)
             except StackError as exc:
                 raise _outside(exc, scratch, target_path, moves) from None
-            settings += more_settings
+            switched += more_settings
             if more:
                 remedies += more
                 moves, warnings = _with_remedies(base, sets, drops or [], client, remedies)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    warnings = [r.describe() for r in [*settings, *remedies]] + warnings
+    applied: list[AppliedSettings | AppliedRemedy] = [*switched, *remedies]
+    warnings = [remedy.describe() for remedy in applied] + warnings
     old_rules = stack_rules(base)
     before = {rule.id for rule in old_rules.firing}
     after = set(firing(stack, made.python.versions() if made else {}))
@@ -207,7 +208,7 @@ def propose(
         warnings=warnings,
         lock=made,
         remedies=remedies,
-        settings=settings,
+        settings=switched,
     )
     _write(proposal, target_path)
     return proposal
