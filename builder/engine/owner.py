@@ -5,10 +5,14 @@ throwaway.py, a warm-volume helper) is removed by the run that started it. When 
 first (the engine restarted under it: bench/FAULTS.md; the tool SIGKILLed mid-`test`), the
 container stays, exited, once its command ends. No one else removes it: two users' runs on one
 engine must never remove each other's live containers. So each container carries its run's
-identity (OWNER_LABEL = host:pid), and the next smoke, check or throwaway on that host removes
-the stopped ones whose run is a dead process of this host. A container whose owner lives, runs
-on another host (the label names another machine) or is still running is left alone: a live
-run removes its own, and another host's pids mean nothing here.
+identity (OWNER_LABEL = host:pid@boot), and the next smoke, check or throwaway on that host
+removes the ones whose run is a dead process of this host: stopped or still running (a push
+killed mid-listing left its listing container running: bench/results/kill-sweep/). A running
+one is removed only when its label names this very boot of this machine (the kernel's boot id):
+a pid means nothing across a reboot or another machine that happens to share the hostname. A
+container whose owner lives, or whose label names another host, is left alone: a live run
+removes its own. Labels written before the boot id (host:pid) are judged as before: stopped
+ones only.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from builder.engine.protocol import Container, ContainerSpec, Engine
 from builder.errors import EngineError
@@ -29,8 +34,18 @@ STOPPED = frozenset({"created", "exited", "dead"})
 
 
 def owner() -> str:
-    """This process, on this machine: the identity of the run that starts a container."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process, on this machine, in this boot: the identity of the run that starts a
+    container."""
+    return f"{socket.gethostname()}:{os.getpid()}@{boot_id()}"
+
+
+def boot_id() -> str:
+    """The kernel's id of this boot (Linux), shortened; "" where there is none."""
+    try:
+        text = Path("/proc/sys/kernel/random/boot_id").read_text()
+    except OSError:
+        return ""
+    return text.strip().replace("-", "")[:16]
 
 
 def owned(spec: ContainerSpec) -> ContainerSpec:
@@ -51,7 +66,7 @@ class Orphan:
 def dead_owner(label: str, host: str | None = None) -> bool:
     """Whether label (host:pid) names a process of this host that no longer exists. A label
     of another host, or one not of that form, is never judged dead: its pid means nothing here."""
-    name, _, pid_text = label.rpartition(":")
+    name, _, pid_text = label.partition("@")[0].rpartition(":")
     if name != (host or socket.gethostname()) or not pid_text.isdigit() or int(pid_text) <= 0:
         return False
     try:
@@ -64,9 +79,9 @@ def dead_owner(label: str, host: str | None = None) -> bool:
 
 
 def reap_orphans(engine: Engine, log: Callable[[str], None] = print) -> list[Orphan]:
-    """Remove this tool's stopped containers whose run is a dead process of this host; the
-    ones removed. The engine failing to list or remove one is not this run's failure: what is
-    left is tried again by the next run."""
+    """Remove this tool's containers whose run is a dead process of this host (running ones
+    only when labelled with this boot); the ones removed. The engine failing to list or remove
+    one is not this run's failure: what is left is tried again by the next run."""
     try:
         found = engine.containers(label=OWNER_LABEL)
     except EngineError:
@@ -92,6 +107,9 @@ def _orphan(container: Container) -> Orphan | None:
     attrs = container.attrs
     label = str(((attrs.get("Config") or {}).get("Labels") or {}).get(OWNER_LABEL) or "")
     state = str((attrs.get("State") or {}).get("Status") or "")
-    if state not in STOPPED or not dead_owner(label):
+    if not dead_owner(label):
+        return None
+    this_boot = bool(boot_id()) and label.partition("@")[2] == boot_id()
+    if state not in STOPPED and not this_boot:
         return None
     return Orphan(container.name, label, state)

@@ -1,6 +1,7 @@
 """A smoke container left behind by a run the engine lost (restarted mid-test:
 bench/results/faults/3-test-restarted.state.txt) is removed by the next smoke or check on the
-host, and only that one: a live run's container, a running one and another host's stay.
+host, and only that one: a live run's container, a running one of a label without this boot,
+and another host's stay; a running one labelled with this boot and a dead pid goes.
 
 Each case is a real container on the real engine with the owner label set by hand: a pid of a
 process that has ended, of one that lives (a `sleep` started here), and a label naming another
@@ -20,9 +21,10 @@ from typing import Any
 import pytest
 
 from builder.engine.docker_adapter import DockerEngine
-from builder.engine.owner import OWNER_LABEL, reap_orphans
+from builder.engine.owner import OWNER_LABEL, boot_id, reap_orphans
 from builder.spec.resolve import resolve
-from builder.verify.smoke import gpu_available, run_smoke
+from builder.verify.gpu_gate import gpu_available
+from builder.verify.smoke import run_smoke
 from builder.verify.smoke_report import CHECK_START
 from tests.engine.conftest import unique
 
@@ -86,8 +88,14 @@ def test_an_exited_container_of_a_dead_run_is_removed_and_no_other(
     alive = containers("alive", f"{here}:{live_pid}")
     running = containers("running", dead, running=True)
     elsewhere = containers("elsewhere", f"another-host-{unique('h')}:{ended_pid()}")
+    # Labelled as this run labels (host:pid@boot): running and dead, it goes too (a push
+    # SIGKILLed mid-listing left one running: bench/results/kill-sweep/).
+    running_now = containers("running-boot", f"{here}:{ended_pid()}@{boot_id()}", running=True)
+    other_boot = containers("other-boot", f"{here}:{ended_pid()}@{'0' * 16}", running=True)
     said: list[str] = []
     removed = {o.name: o for o in reap_orphans(engine, said.append)}
+    assert not exists(api, running_now.name)
+    assert exists(api, other_boot.name), "a running container of another boot was removed"
     # Others' orphans on this engine may go too (a push SIGKILLed by the fault tests leaves
     # its listing container behind): that is the reaper's job. Ours must, the kept ones not.
     # Another run's reaper on this shared engine (every throwaway reaps first) may have been
@@ -96,8 +104,8 @@ def test_an_exited_container_of_a_dead_run_is_removed_and_no_other(
     if orphan.name in removed:
         assert removed[orphan.name].owner == dead and removed[orphan.name].state == "exited"
         assert any(orphan.name in line and dead in line for line in said), said
-    assert not {alive.name, running.name, elsewhere.name} & set(removed)
-    for kept in (alive, running, elsewhere):
+    assert not {alive.name, running.name, elsewhere.name, other_boot.name} & set(removed)
+    for kept in (alive, running, elsewhere, other_boot):
         assert exists(api, kept.name), f"{kept.name} was removed"
     assert len(said) == len(removed)
 
