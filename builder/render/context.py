@@ -295,19 +295,27 @@ def render_locked(
         copied[f"wheels/{source.name}"] = CopiedFile(
             source, digests.sha256(source), stat.st_size, stat.st_mtime_ns
         )
-    if stack.manifest.patches:
-        sums = []
-        for patch in stack.manifest.patches:
-            content = stack.local_file(patch.file).read_bytes()
-            name = Path(patch.file).name
-            files[f"patches/{name}"] = (content, REGULAR)
-            sums.append(f"{hashlib.sha256(content).hexdigest()}  {name}")
-        files["patches/SHA256SUMS"] = (("\n".join(sums) + "\n").encode(), REGULAR)
-        jit_names = {p["file"] for p in ctx.jit_patches}
-        if jit_names:
-            jit_sums = [line for line in sums if line.split("  ", 1)[1] in jit_names]
-            files["patches/SHA256SUMS.jit"] = (("\n".join(jit_sums) + "\n").encode(), REGULAR)
+    files.update(_patch_files(stack, {p["file"] for p in ctx.jit_patches}))
     return RenderedContext(stack=stack.name, files=files, copied=copied, lock=lock)
+
+
+def _patch_files(stack: ResolvedStack, jit_names: set[str]) -> dict[str, tuple[bytes, int]]:
+    """The stack's patches with their SHA256SUMS, and the jit-deps stage's own sums of the
+    patches it applies (jit_names): none without patches."""
+    files: dict[str, tuple[bytes, int]] = {}
+    if not stack.manifest.patches:
+        return files
+    sums = []
+    for patch in stack.manifest.patches:
+        content = stack.local_file(patch.file).read_bytes()
+        name = Path(patch.file).name
+        files[f"patches/{name}"] = (content, REGULAR)
+        sums.append(f"{hashlib.sha256(content).hexdigest()}  {name}")
+    files["patches/SHA256SUMS"] = (("\n".join(sums) + "\n").encode(), REGULAR)
+    if jit_names:
+        jit_sums = [line for line in sums if line.split("  ", 1)[1] in jit_names]
+        files["patches/SHA256SUMS.jit"] = (("\n".join(jit_sums) + "\n").encode(), REGULAR)
+    return files
 
 
 def write_context(rendered: RenderedContext, target: Path) -> Path:
