@@ -12,7 +12,7 @@ from builder.engine.hostprobe import Probe, gather, gpu_missing_reason
 from builder.engine.protocol import EngineHost
 from builder.errors import ToolMissing
 from builder.hosts.hostcheck import check, requirements_for
-from builder.verify import smoke
+from builder.verify import gpu_gate
 
 H200 = "0, NVIDIA H200, 580.159.04, 9.0\n"
 
@@ -51,23 +51,23 @@ def test_cdi_only_host_passes_doctor_and_the_smoke_gate_alike(tmp_path: Path) ->
     assert gpu_missing_reason(facts) is None
     assert _doctor_ok(probe)
     engine = _NoRuntimesEngine()
-    assert smoke.gpu_gate(engine, require_gpu=True, probe=probe) is None  # type: ignore[arg-type]
+    assert gpu_gate.gpu_gate(engine, require_gpu=True, probe=probe) is None  # type: ignore[arg-type]
 
 
 def test_host_without_runtime_fails_both(tmp_path: Path) -> None:
     probe = _host(tmp_path, smi=H200, cdi=False)
     assert not _doctor_ok(probe)
     engine = _NoRuntimesEngine()
-    message = smoke.gpu_gate(engine, require_gpu=False, probe=probe)  # type: ignore[arg-type]
+    message = gpu_gate.gpu_gate(engine, require_gpu=False, probe=probe)  # type: ignore[arg-type]
     assert message is not None and "cannot give containers a GPU" in message
     with pytest.raises(ToolMissing, match="--require-gpu"):
-        smoke.gpu_gate(engine, require_gpu=True, probe=probe)  # type: ignore[arg-type]
+        gpu_gate.gpu_gate(engine, require_gpu=True, probe=probe)  # type: ignore[arg-type]
 
 
 def test_hook_only_host_and_gpu_less_host(tmp_path: Path) -> None:
     hooked = _host(tmp_path, smi=H200, cdi=False, hooks=("nvidia-container-runtime-hook",))
     assert _doctor_ok(hooked)
-    assert smoke.gpu_gate(_NoRuntimesEngine(), require_gpu=True, probe=hooked) is None  # type: ignore[arg-type]
+    assert gpu_gate.gpu_gate(_NoRuntimesEngine(), require_gpu=True, probe=hooked) is None  # type: ignore[arg-type]
     (tmp_path / "bare").mkdir()
     bare = _host(tmp_path / "bare", smi=None, cdi=True)
     assert not _doctor_ok(bare)

@@ -54,7 +54,8 @@ from builder.verify.kernel_watch import (
     container_watch,
     directory_watch,
 )
-from builder.verify.smoke import SmokeReport, format_table, run_smoke, run_smoke_url
+from builder.verify.smoke import run_smoke, run_smoke_url
+from builder.verify.smoke_report import SmokeReport, format_table
 from builder.verify.validate import (
     add_smoke,
     cache_table,

@@ -20,7 +20,8 @@ from builder.verify.compiles import compile_kinds, find_compiles, find_events
 from builder.verify.kernel_cache import classify, summary_lines
 from builder.verify.kernel_listing import list_directory
 from builder.verify.kernel_watch import directory_watch
-from builder.verify.smoke import CHECK_JIT, SmokeReport, format_table, judge_compiles
+from builder.verify.smoke_judge import judge_compiles
+from builder.verify.smoke_report import CHECK_JIT, SmokeReport, format_table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runtime-compiles"
 

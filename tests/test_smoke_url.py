@@ -21,13 +21,9 @@ import requests
 
 from builder import REPO_ROOT
 from builder.spec.resolve import resolve
-from builder.verify.smoke import (
-    CHECK_ANSWER,
-    CHECK_JIT,
-    CHECK_UP,
-    run_smoke_url,
-    server_log_path,
-)
+from builder.verify.smoke import run_smoke_url
+from builder.verify.smoke_judge import server_log_path
+from builder.verify.smoke_report import CHECK_ANSWER, CHECK_JIT, CHECK_UP
 from tests.conftest import STACKS
 from tests.support.net import free_port
 from tests.support.tinymodel import make_tiny_model

@@ -17,7 +17,8 @@ from click.testing import Result
 
 from builder import REPO_ROOT
 from builder.spec.resolve import ResolvedStack, resolve
-from builder.verify.smoke import LiveServer, SmokeReport
+from builder.verify.smoke import LiveServer
+from builder.verify.smoke_report import SmokeReport
 from builder.verify.soak import run_soak
 from builder.verify.soak_files import Chart, png, summary_line
 from builder.verify.soak_load import USER_AGENT, SoakSettings, process_tree_rss, soak_prompts

@@ -209,7 +209,7 @@ def _smoke_skipped(engine: Engine, stack: ResolvedStack, require_gpu: bool) -> s
     host lacks is an error instead. Asked before the static checks, so that a smoke missing its
     model is refused before any container starts."""
     if stack.manifest.smoke.needs_gpu:
-        from builder.verify.smoke import gpu_gate  # imports requests: only for GPU stacks
+        from builder.verify.gpu_gate import gpu_gate
 
         skip = gpu_gate(engine, require_gpu=require_gpu)
         if skip is not None:

@@ -11,93 +11,47 @@ The container runs the image's CMD unchanged (it is the manifest's serve command
 build time): testing a different command line would prove nothing about the image. The serve
 port is published on a free 127.0.0.1 port, so nothing else on the host is exposed or needed.
 
-Whether a GPU smoke may run at all (`gpu_missing_reason`) is the caller's decision, not
-`run_smoke`'s: a CLI skips or fails (--require-gpu), tests may run on CPU stacks.
+Whether a GPU smoke may run at all (gpu_gate.py) is the caller's decision, not `run_smoke`'s:
+a CLI skips or fails (--require-gpu), tests may run on CPU stacks.
 
 `run_smoke_url` is the same judge for a server the tool did not start (`smoke STACK --url`):
-already running at a URL, its log read from a file when one is given.
+already running at a URL, its log read from a file when one is given. This module runs the
+two; the server's life and the questions asked of it are smoke_server.py's, the results once
+it has answered smoke_judge.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import time
-import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-import requests
-
-from builder.engine import hostprobe
-from builder.engine.hostprobe import Probe
-from builder.engine.progress import Say, Throttle
-from builder.engine.protocol import Container, ContainerSpec, Engine, Mount, PortBinding
-from builder.errors import EngineError, ToolMissing
-from builder.files import write_atomic
+from builder.engine.progress import Say
+from builder.engine.protocol import Container, Engine
 from builder.spec.resolve import ResolvedStack
-from builder.verify.chat import Completion, stream_chat
-from builder.verify.compiles import CompileFindings, find_compiles, smoke_environment
-from builder.verify.egress import EgressWatch, judge_egress
-from builder.verify.garbage import answer_matches, garbage_reasons
+from builder.verify.egress import judge_egress
 from builder.verify.kernel_watch import CacheWatches
-from builder.verify.owner import OWNER_LABEL, owner, reap_orphans
+from builder.verify.owner import reap_orphans
+from builder.verify.smoke_judge import (
+    collect_log,
+    driver_cache_listing,
+    judge_kernel_cache,
+    keep_server_log,
+    new_report,
+    write_report,
+)
 from builder.verify.smoke_report import (
-    CHECK_ANSWER,
-    CHECK_BATCHED,
-    CHECK_GARBAGE,
-    CHECK_JIT,
-    CHECK_READY,
-    CHECK_REQUEST,
-    CHECK_SINGLE,
-    CHECK_START,
-    CHECK_TTFT,
-    CHECK_UP,
     SmokeReport,
     format_table,
 )
-
-#: Long enough for a decode rate that short factual answers cannot give; not judged for content.
-THROUGHPUT_PROMPT = "Write a short essay about the history of the printing press."
-THROUGHPUT_MAX_TOKENS = 128
-POLL_S = 1.0
-#: After a failed request, how long a container may still read "running" before it counts as
-#: alive: a killed server's requests fail at once, while the engine records its exit a moment
-#: later (longer on a loaded machine), and a dead server must not pass "server stays up".
-DEATH_SETTLE_S = 5.0
-LOG_TAIL_LINES = 25
-#: Where the smoke's servers keep the CUDA driver's JIT cache (CUDA_CACHE_PATH): what the driver
-#: compiled from PTX while the server started and served is named there, since nothing logs it.
-DRIVER_CACHE = "/var/cache/sm120-stacks/cuda-driver"
-DRIVER_ENV = {"CUDA_CACHE_PATH": DRIVER_CACHE, "CUDA_CACHE_MAXSIZE": "4294967296"}
-
-
-# --- GPU gate ----------------------------------------------------------------------------------
-
-
-def gpu_missing_reason(engine: Engine, probe: Probe | None = None) -> str | None:
-    """Why a GPU container cannot start on the engine's host, or None when it can: the host
-    probe's answer (`image.hostprobe`), the same one `doctor` gives."""
-    return hostprobe.gpu_missing_reason(hostprobe.gather(engine, None, probe))
-
-
-def gpu_available(engine: Engine, probe: Probe | None = None) -> bool:
-    return gpu_missing_reason(engine, probe) is None
-
-
-def gpu_gate(engine: Engine, *, require_gpu: bool, probe: Probe | None = None) -> str | None:
-    """A skip message when the GPU smoke cannot run here; with require_gpu, an error instead."""
-    reason = gpu_missing_reason(engine, probe)
-    if reason is not None and require_gpu:
-        raise ToolMissing(f"the GPU smoke is required (--require-gpu) but {reason}")
-    return None if reason is None else f"GPU smoke skipped: {reason}"
-
-
-# --- the run -----------------------------------------------------------------------------------
+from builder.verify.smoke_server import (
+    ContainerServer,
+    Endpoint,
+    UrlServer,
+    remove_container,
+    start_container,
+)
 
 
 def run_smoke(
@@ -118,24 +72,15 @@ def run_smoke(
     server's disk cache of GPU-compiled kernels before the container starts and in it after the
     requests, and says which kernels were hits and which misses. `progress` hears, every few
     seconds of the health wait, how long it has waited and what the server last logged."""
-    smoke = stack.manifest.smoke
-    report = SmokeReport(
-        stack=stack.name,
-        image=image_ref,
-        gpu=gpu,
-        started_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        concurrency=smoke.concurrency,
-        floors=smoke.floors.model_dump(),
-        report_path=str(report_path),
-    )
+    report = new_report(stack, image_ref, gpu, report_path)
     began = time.monotonic()
     if kernel_cache is not None:
         kernel_cache.before()
     reap_orphans(engine, log)  # what a run the engine lost left behind (verify/owner.py)
-    container = _start(engine, image_ref, stack, mounts, gpu, report, log)
+    container = start_container(engine, image_ref, stack, mounts, gpu, report, log)
     try:
         if container is not None:
-            server = _Server(container, stack, report, log, progress)
+            server = ContainerServer(container, stack, report, log, progress)
             if server.wait_ready():
                 server.exercise()
                 _run_after(server, after, container)
@@ -144,13 +89,13 @@ def run_smoke(
         if container is not None:
             if kernel_cache is not None:
                 kernel_cache.after(container)
-            report.driver_cache = _driver_cache(container)
+            report.driver_cache = driver_cache_listing(container)
             judge_egress(container, report, report_path)  # from process start to here
-            _collect_log(container, report, report_path)
-            _remove(container)
-            _judge_kernel_cache(report, kernel_cache)
+            collect_log(container, report, report_path)
+            remove_container(container)
+            judge_kernel_cache(report, kernel_cache)
         report.duration_s = round(time.monotonic() - began, 2)
-        _write_report(report, report_path)
+        write_report(report, report_path)
     log(format_table(report))
     return report
 
@@ -181,22 +126,13 @@ def run_smoke_url(
     a hit there, unless the log names its compile). progress: as run_smoke's (the last line of
     server_log, when one is given).
     """
-    smoke = stack.manifest.smoke
-    report = SmokeReport(
-        stack=stack.name,
-        image=f"server at {base_url}",
-        gpu=smoke.needs_gpu,
-        started_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        concurrency=smoke.concurrency,
-        floors=smoke.floors.model_dump(),
-        target="url",
-        report_path=str(report_path),
-    )
+    report = new_report(stack, f"server at {base_url}", stack.manifest.smoke.needs_gpu, report_path)
+    report.target = "url"
     began = time.monotonic()
     if kernel_cache is not None:
         kernel_cache.before()
     try:
-        server = _UrlServer(base_url, stack, report, log, server_log, progress)
+        server = UrlServer(base_url, stack, report, log, server_log, progress)
         server.model = model or server.model
         if api_key:
             server.headers["Authorization"] = f"Bearer {api_key}"
@@ -209,17 +145,10 @@ def run_smoke_url(
         if kernel_cache is not None:
             kernel_cache.after(None)
         if server_log is not None:
-            text = server_log.read_text(errors="replace") if server_log.is_file() else ""
-            path = server_log_path(report_path)
-            write_atomic(path, text)
-            report.server_log = str(path)
-            if text:
-                judge_compiles(report, text)
-            else:
-                report.add(CHECK_JIT, False, f"server log {server_log} is missing or empty")
-        _judge_kernel_cache(report, kernel_cache)
+            keep_server_log(report, server_log, report_path)
+        judge_kernel_cache(report, kernel_cache)
         report.duration_s = round(time.monotonic() - began, 2)
-        _write_report(report, report_path)
+        write_report(report, report_path)
     log(format_table(report))
     return report
 
@@ -244,7 +173,7 @@ class LiveServer:
 AfterSmoke = Callable[[LiveServer], None]
 
 
-def _run_after(server: _Endpoint, after: AfterSmoke | None, container: Container | None) -> None:
+def _run_after(server: Endpoint, after: AfterSmoke | None, container: Container | None) -> None:
     """`after` on a server whose smoke passed so far; a failed smoke already has its verdict."""
     if after is None or server.base_url is None or server.died or not server.report.passed:
         return
@@ -258,447 +187,3 @@ def _run_after(server: _Endpoint, after: AfterSmoke | None, container: Container
             dict(server.headers),
         )
     )
-
-
-def _start(
-    engine: Engine,
-    image_ref: str,
-    stack: ResolvedStack,
-    mounts: dict[str, str],
-    gpu: bool,
-    report: SmokeReport,
-    log: Callable[[str], None],
-) -> Container | None:
-    """The image's own CMD, its serve port on a free loopback port; None (a failed check) if not."""
-    serve = stack.manifest.serve
-    name = f"sm120-smoke-{stack.name}-{uuid.uuid4().hex[:8]}"
-    egress = EgressWatch.for_image(engine, image_ref)  # every Python process records its egress
-    spec = ContainerSpec(
-        image=image_ref,
-        name=name,
-        labels={"sm120-stacks.smoke": stack.name, OWNER_LABEL: owner()},
-        environment={**smoke_environment(), **DRIVER_ENV, **egress.environment},
-        ports=(PortBinding(serve.port, "127.0.0.1"),),
-        shm_size=serve.shm_size,
-        mounts=(
-            *(Mount(host, inside, read_only=True) for host, inside in mounts.items()),
-            egress.mount,
-        ),
-        gpus="all" if gpu else None,
-    )
-    log(f"smoke: starting {image_ref} ({'GPU' if gpu else 'no GPU'})")
-    try:
-        container = engine.run(spec)
-    except EngineError as exc:
-        report.add(CHECK_START, False, f"{exc.__class__.__name__}: {exc.explanation}"[:1000])
-        _remove_named(engine, name)  # created, then refused at start (e.g. no GPU)
-        return None
-    report.add(CHECK_START, True, f"{container.name} ({container.short_id})")
-    return container
-
-
-class _Endpoint:
-    """The server under test and what is asked of it over HTTP; results go into the report.
-
-    Subclasses say whether it still runs, how it stopped, and where it listens: a container
-    the smoke started (`_Server`) or a server it did not start (`_UrlServer`).
-    """
-
-    def __init__(
-        self,
-        stack: ResolvedStack,
-        report: SmokeReport,
-        log: Callable[[str], None],
-        progress: Say | None = None,
-    ) -> None:
-        self.stack = stack
-        self.report = report
-        self.log = log
-        self.progress = progress
-        serve = stack.manifest.serve
-        self.model = serve.served_model_name or serve.model.id
-        self.base_url: str | None = None
-        self.died = False
-        #: Sent with every chat request (the API key of a server that wants one).
-        self.headers: dict[str, str] = {}
-
-    # -- lifecycle --
-
-    def wait_ready(self) -> bool:
-        """Poll /health until 200; a container that exits meanwhile died, it did not time out."""
-        timeout = self.stack.manifest.smoke.health_timeout_s
-        began = time.monotonic()
-        waiting = Throttle(self.progress)
-        while time.monotonic() - began < timeout:
-            if waiting.due():
-                waited = time.monotonic() - began
-                waiting.line(
-                    f"smoke: waiting for /health, {waited:.0f} s of {timeout} s; the server last "
-                    f"logged: {self._last_log_line() or '(nothing yet)'}"
-                )
-            if not self._running():
-                self._record_death("during startup")
-                return False
-            if self._healthy():
-                waited = time.monotonic() - began
-                self.report.add(CHECK_READY, True, f"/health 200 after {waited:.1f} s")
-                self.log(f"smoke: server ready after {waited:.1f} s")
-                return True
-            time.sleep(POLL_S)
-        self.report.add(CHECK_READY, False, f"no 200 from /health within {timeout} s")
-        return False
-
-    def check_alive(self) -> None:
-        if self.died:
-            return
-        failed = any(c.error for c in self.report.completions)
-        if self._still_running(DEATH_SETTLE_S if failed else 0.0):
-            self.report.add(CHECK_UP, True, "still running after the smoke requests")
-        else:
-            self._record_death("while serving")
-
-    def _still_running(self, settle_s: float) -> bool:
-        """Running now and for settle_s more (see DEATH_SETTLE_S)."""
-        deadline = time.monotonic() + settle_s
-        while self._running():
-            if time.monotonic() >= deadline:
-                return True
-            time.sleep(0.2)
-        return False
-
-    def _running(self) -> bool:
-        raise NotImplementedError
-
-    def _record_death(self, when: str) -> None:
-        raise NotImplementedError
-
-    def _url(self, path: str) -> str | None:
-        raise NotImplementedError
-
-    def _last_log_line(self) -> str:
-        """What the server logged last (a model loading, a kernel compiling): the health
-        wait's lines say it, so a 15-minute start is seen moving or seen stuck."""
-        raise NotImplementedError
-
-    def _healthy(self) -> bool:
-        url = self._url("/health")
-        if url is None:
-            return False
-        try:
-            return requests.get(url, timeout=5).status_code == 200
-        except requests.RequestException:
-            return False
-
-    # -- requests --
-
-    def exercise(self) -> None:
-        """Cold and warm single requests, a concurrent batch, then the throughput runs."""
-        smoke = self.stack.manifest.smoke
-        prompts = [(p.prompt, p.max_tokens, p.expect) for p in smoke.prompts]
-        cold = [self._judged("cold", *p) for p in prompts]
-        if self._gave_up(cold):
-            return
-        warm = [self._judged("warm", *p) for p in prompts]
-        batch_prompts = [prompts[i % len(prompts)] for i in range(smoke.concurrency)]
-        batch, _ = self._concurrent("batch", batch_prompts) if prompts else ([], 0.0)
-        for completion, (_, _, expect) in zip(batch, batch_prompts, strict=True):
-            self._judge(completion, expect)
-        if self._gave_up(warm + batch):
-            return
-        self._throughput(smoke.concurrency)
-        self._numbers(cold, warm)
-
-    def _gave_up(self, completions: list[Completion]) -> bool:
-        """A failed request may mean a dead server: stop asking, say so once."""
-        if any(c.error for c in completions) and not self._still_running(DEATH_SETTLE_S):
-            self._record_death("while serving")
-            return True
-        return False
-
-    def _judged(self, phase: str, prompt: str, max_tokens: int, expect: str) -> Completion:
-        completion = self._chat(phase, prompt, max_tokens)
-        self._judge(completion, expect)
-        return completion
-
-    def _judge(self, completion: Completion, expect: str) -> None:
-        label = f"[{completion.phase}] {completion.prompt[:60]}"
-        if completion.error:
-            self.report.add(CHECK_REQUEST, False, f"{label}: {completion.error}")
-            return
-        self.report.add(CHECK_REQUEST, True, label)
-        answer = f"{label} -> {completion.text[:200]!r}"
-        matched = answer_matches(completion.text, expect)
-        self.report.add(CHECK_ANSWER, matched, answer + ("" if matched else f" !~ /{expect}/i"))
-        reasons = garbage_reasons(completion.text)
-        self.report.add(CHECK_GARBAGE, not reasons, "; ".join(reasons) or answer)
-
-    def _concurrent(
-        self, phase: str, prompts: list[tuple[str, int, str]]
-    ) -> tuple[list[Completion], float]:
-        """All at once from threads; returns the completions and the wall time of the batch."""
-        began = time.monotonic()
-        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            futures = [pool.submit(self._chat, phase, p, n) for p, n, _ in prompts]
-            completions = [f.result() for f in futures]
-        return completions, time.monotonic() - began
-
-    def _throughput(self, concurrency: int) -> None:
-        single = self._chat("throughput", THROUGHPUT_PROMPT, THROUGHPUT_MAX_TOKENS)
-        self._require_success(single)
-        self.report.single_stream_tok_s = _round(single.decode_tok_s)
-        runs = [(THROUGHPUT_PROMPT, THROUGHPUT_MAX_TOKENS, "")] * concurrency
-        batch, wall = self._concurrent("throughput-batch", runs)
-        for completion in batch:
-            self._require_success(completion)
-        if wall > 0 and not any(c.error for c in batch):
-            self.report.batched_tok_s = _round(sum(c.tokens for c in batch) / wall)
-
-    def _require_success(self, completion: Completion) -> None:
-        label = f"[{completion.phase}] throughput prompt"
-        detail = completion.error or f"{completion.tokens} tokens in {completion.total_s:.2f} s"
-        self.report.add(CHECK_REQUEST, completion.error is None, f"{label}: {detail}")
-
-    def _numbers(self, cold: list[Completion], warm: list[Completion]) -> None:
-        report, floors = self.report, self.stack.manifest.smoke.floors
-        cold_ttft = [c.ttft_s for c in cold if c.ttft_s is not None]
-        warm_ttft = [c.ttft_s for c in warm if c.ttft_s is not None]
-        report.ttft_cold_s = _round(cold_ttft[0]) if cold_ttft else None
-        report.ttft_s = _round(max(warm_ttft)) if warm_ttft else None
-        if floors.max_ttft_s is not None:
-            ok = report.ttft_s is not None and report.ttft_s <= floors.max_ttft_s
-            report.add(CHECK_TTFT, ok, f"{report.ttft_s} s (at most {floors.max_ttft_s} s)")
-        _floor(report, CHECK_SINGLE, report.single_stream_tok_s, floors.single_stream_tok_s)
-        _floor(report, CHECK_BATCHED, report.batched_tok_s, floors.batched_tok_s)
-
-    def _chat(self, phase: str, prompt: str, max_tokens: int) -> Completion:
-        url = self._url("/v1/chat/completions")
-        if url is None:
-            completion = Completion(
-                phase, prompt, error="ValueError: the serve port is not published"
-            )
-        else:
-            completion = stream_chat(
-                url, self.model, prompt, max_tokens, phase=phase, headers=self.headers
-            )
-        self.report.completions.append(completion)
-        if completion.error is None and self.report.mode is None:
-            self.report.mode = "streaming" if completion.streamed else "non-streaming"
-        return completion
-
-
-class _Server(_Endpoint):
-    """A smoke container the tool started from the image."""
-
-    def __init__(
-        self,
-        container: Container,
-        stack: ResolvedStack,
-        report: SmokeReport,
-        log: Callable[[str], None],
-        progress: Say | None = None,
-    ) -> None:
-        super().__init__(stack, report, log, progress)
-        self.container = container
-
-    def _running(self) -> bool:
-        self.container.reload()
-        state = self.container.attrs.get("State", {})
-        return bool(state.get("Running")) and not state.get("Restarting")
-
-    def _record_death(self, when: str) -> None:
-        self.died = True
-        state = self.container.attrs.get("State", {})
-        self.report.exit_code = state.get("ExitCode")
-        tail = [line for line in _log_text(self.container).splitlines() if line.strip()]
-        detail = (
-            f"server died {when}: exit code {state.get('ExitCode')}"
-            f"{' (OOM killed)' if state.get('OOMKilled') else ''}"
-            f"{', ' + state['Error'] if state.get('Error') else ''}"
-            f"; last log line: {tail[-1][:200] if tail else '(empty log)'}\n"
-            + "\n".join(tail[-LOG_TAIL_LINES:])
-        )
-        self.report.add(CHECK_UP, False, detail)
-        self.log(f"smoke: server died {when} (exit code {state.get('ExitCode')})")
-
-    def _url(self, path: str) -> str | None:
-        if self.base_url is None:
-            ports = self.container.attrs.get("NetworkSettings", {}).get("Ports") or {}
-            bound = ports.get(f"{self.stack.manifest.serve.port}/tcp") or []
-            if not bound:
-                return None
-            self.base_url = f"http://127.0.0.1:{bound[0]['HostPort']}"
-        return self.base_url + path
-
-    def _last_log_line(self) -> str:
-        return _last_line(_log_text(self.container).splitlines())
-
-
-class _UrlServer(_Endpoint):
-    """A server the tool did not start: it runs while it answers HTTP at all (any status).
-
-    While it starts, not answering is waiting, not dying: the caller may start the server and
-    the smoke together. The health timeout is the manifest's.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        stack: ResolvedStack,
-        report: SmokeReport,
-        log: Callable[[str], None],
-        server_log: Path | None,
-        progress: Say | None = None,
-    ) -> None:
-        super().__init__(stack, report, log, progress)
-        self.root = base_url.rstrip("/")
-        self.base_url = self.root
-        self.server_log = server_log
-        self.ready = False
-        self.last_error = ""
-
-    def wait_ready(self) -> bool:
-        self.ready = super().wait_ready()
-        return self.ready
-
-    def check_alive(self) -> None:
-        if self.ready:  # never answered: "server ready" failed, nothing to say about staying up
-            super().check_alive()
-
-    def _running(self) -> bool:
-        if not self.ready:
-            return True
-        try:
-            requests.get(self.root + "/health", timeout=5)
-        except requests.RequestException as exc:
-            self.last_error = f"{exc.__class__.__name__}: {exc}"[:300]
-            return False
-        return True
-
-    def _record_death(self, when: str) -> None:
-        self.died = True
-        tail = _file_tail(self.server_log)
-        detail = f"server stopped answering {when}: {self.last_error or 'no HTTP answer'}"
-        if tail:
-            detail += f"; last log line: {tail[-1][:200]}\n" + "\n".join(tail)
-        self.report.add(CHECK_UP, False, detail)
-        self.log(f"smoke: server at {self.root} stopped answering {when}")
-
-    def _url(self, path: str) -> str | None:
-        return self.root + path
-
-    def _last_log_line(self) -> str:
-        if self.server_log is None:
-            return "(no server log given)"
-        return _last_line(_file_tail(self.server_log))
-
-
-# --- results -----------------------------------------------------------------------------------
-
-
-def _floor(report: SmokeReport, name: str, value: float | None, floor: float) -> None:
-    if floor > 0:
-        ok = value is not None and value >= floor
-        report.add(name, ok, f"{value} tok/s (floor {floor})")
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
-
-
-def _log_text(container: Container) -> str:
-    try:
-        raw = container.logs(stdout=True, stderr=True)
-    except Exception as exc:  # the log is evidence, never a reason to lose the report
-        return f"(could not read the container log: {exc})"
-    return bytes(raw).decode("utf-8", errors="replace")
-
-
-def _collect_log(container: Container, report: SmokeReport, report_path: Path) -> None:
-    """Keep the whole log beside the report, and fail on any JIT compile line in it."""
-    text = _log_text(container)
-    path = server_log_path(report_path)
-    write_atomic(path, text)
-    report.server_log = str(path)
-    judge_compiles(report, text)
-
-
-def judge_compiles(report: SmokeReport, text: str) -> CompileFindings:
-    """Name every runtime compile in the log; fail on the kinds the image promised to hold."""
-    findings = find_compiles(text)
-    report.runtime_compiles = findings.to_json()
-    report.add(CHECK_JIT, not findings.failing, findings.detail())
-    return findings
-
-
-def _judge_kernel_cache(report: SmokeReport, watch: CacheWatches | None) -> None:
-    """Hit or miss per cached kernel, held against the log's compile lines: shown and counted,
-    never a failed check (a miss is what a first start on an empty cache does). It runs in the
-    smoke's `finally`, before the report is written: a judgement that raises is a note in the
-    report, never a lost report."""
-    if watch is None:
-        return
-    try:
-        report.kernel_cache = watch.result(report.runtime_compiles).to_json()
-    except Exception as exc:
-        report.kernel_cache = watch.failed_result(exc).to_json()
-
-
-def _driver_cache(container: Container) -> dict[str, Any] | None:
-    """Files and bytes the CUDA driver wrote into CUDA_CACHE_PATH (its PTX JIT): None where the
-    container is gone or has no shell."""
-    script = f"find {DRIVER_CACHE} -type f 2>/dev/null | wc -l; du -sb {DRIVER_CACHE} 2>/dev/null"
-    try:
-        code, out = container.exec(["sh", "-c", script])
-    except EngineError:
-        return None
-    words = out.split()
-    if code != 0 or not words or not words[0].isdigit():
-        return {"path": DRIVER_CACHE, "files": 0, "bytes": 0}
-    size = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
-    return {"path": DRIVER_CACHE, "files": int(words[0]), "bytes": size}
-
-
-def _last_line(lines: list[str]) -> str:
-    """The last line with text, cut to a line's width."""
-    text = next((line.strip() for line in reversed(lines) if line.strip()), "")
-    return text[:200]
-
-
-def _file_tail(path: Path | None) -> list[str]:
-    if path is None or not path.is_file():
-        return []
-    lines = path.read_text(errors="replace").splitlines()
-    return [line for line in lines if line.strip()][-LOG_TAIL_LINES:]
-
-
-def server_log_path(report_path: Path) -> Path:
-    return report_path.with_name(report_path.stem + ".server.log")
-
-
-def _remove(container: Container) -> None:
-    with contextlib.suppress(EngineError):  # already gone: nothing left to clean up
-        container.remove(force=True)
-
-
-def _remove_named(engine: Engine, name: str) -> None:
-    with contextlib.suppress(EngineError):
-        container = engine.container(name)
-        if container is not None:
-            _remove(container)
-
-
-def _write_report(report: SmokeReport, report_path: Path) -> None:
-    write_atomic(report_path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
-
-
-__all__ = [
-    "AfterSmoke",
-    "LiveServer",
-    "gpu_available",
-    "gpu_gate",
-    "gpu_missing_reason",
-    "judge_compiles",
-    "run_smoke",
-    "run_smoke_url",
-    "server_log_path",
-]

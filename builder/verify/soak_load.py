@@ -20,11 +20,8 @@ import requests
 from builder.engine.progress import Say, Throttle
 from builder.spec.resolve import ResolvedStack
 from builder.verify.chat import stream_chat
-from builder.verify.smoke import (
-    THROUGHPUT_MAX_TOKENS,
-    THROUGHPUT_PROMPT,
-    LiveServer,
-)
+from builder.verify.smoke import LiveServer
+from builder.verify.smoke_server import THROUGHPUT_MAX_TOKENS, THROUGHPUT_PROMPT
 
 #: Every soak request says what it is: a server's access log (or a test's hook in the server)
 #: tells the soak's requests from the smoke's.

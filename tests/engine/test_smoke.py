@@ -21,7 +21,11 @@ from builder.engine.address import from_environment
 from builder.engine.docker_adapter import DockerEngine, connect_engine
 from builder.errors import ToolMissing
 from builder.spec.resolve import ResolvedStack, resolve
-from builder.verify.smoke import (
+from builder.verify.gpu_gate import gpu_available, gpu_gate
+from builder.verify.owner import OWNER_LABEL, owner
+from builder.verify.smoke import run_smoke
+from builder.verify.smoke_judge import DRIVER_CACHE, server_log_path
+from builder.verify.smoke_report import (
     CHECK_ANSWER,
     CHECK_GARBAGE,
     CHECK_JIT,
@@ -29,15 +33,8 @@ from builder.verify.smoke import (
     CHECK_REQUEST,
     CHECK_START,
     CHECK_UP,
-    DRIVER_CACHE,
-    OWNER_LABEL,
     SmokeReport,
     format_table,
-    gpu_available,
-    gpu_gate,
-    owner,
-    run_smoke,
-    server_log_path,
 )
 from tests.engine.conftest import RIGHT
 

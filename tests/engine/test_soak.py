@@ -17,7 +17,8 @@ import pytest
 
 from builder.engine.docker_adapter import DockerEngine
 from builder.spec.resolve import ResolvedStack, resolve
-from builder.verify.smoke import SmokeReport, run_smoke
+from builder.verify.smoke import run_smoke
+from builder.verify.smoke_report import SmokeReport
 from builder.verify.soak import after_smoke
 from builder.verify.soak_load import USER_AGENT
 from builder.verify.soak_verdict import CHECK_ERRORS, CHECK_MEMORY, CHECK_STALL

@@ -22,7 +22,7 @@ from builder.image.names import local_ref, moving_ref
 from builder.image.records import load_record
 from builder.render.context import render
 from builder.spec.resolve import resolve
-from builder.verify.smoke import OWNER_LABEL
+from builder.verify.owner import OWNER_LABEL
 from tests.engine.conftest import unique
 
 pytestmark = pytest.mark.engine
