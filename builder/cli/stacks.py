@@ -21,7 +21,6 @@ from builder.image.names import HASH_CHARS
 from builder.image.records import Record, load_record, record_path
 from builder.image.uptodate import fingerprint
 from builder.lock.locked import lock_stack, require_pinned_bases
-from builder.lock.reading import locked_versions
 from builder.render.context import write_context
 from builder.spec.check import check_stack, violation_error
 from builder.spec.manifest import Manifest
@@ -56,40 +55,57 @@ def list_stacks(settings: Settings) -> None:
     #: Rows that could not be filled in, with the whole message (and what to run) for each.
     problems: list[str] = []
     for name in stack_names(settings.stacks_dir):
-        try:
-            stack = settings.resolve(name)
-        except StackError:
-            table.add_row(name, "invalid", "", "", "", "", f"`check {name}` says why")
-            continue
-        m = stack.manifest
-        vllm = m.python.packages.get("vllm")
-        manifest = (
-            name,
-            m.status,
-            " ".join(m.gpus),
-            m.cuda,
-            vllm.version if vllm else "-",
-            m.serve.moe_backend or "-",
-        )
-        try:
-            result = check_stack(stack, locked_versions(stack))
-            rendered = settings.render(stack)
-            content_hash = rendered.content_hash()
-            wheels += [str(copied.source) for copied in rendered.copied.values()]
-        except StackError as exc:  # a stale or broken lock, a patch file gone, ...
-            stale = exc.key == "inputs_hash"
-            table.add_row(*manifest, "lock stale" if stale else "no render", "-", "?", "?", "?")
-            problems.append(f"{name}: {exc}")
-            continue
-        verdict = "ok" if result.ok else _first_rule(result.violations[0])
-        records.append(str(record_path(settings.build_dir, name, content_hash)))
-        try:
-            record = load_record(settings.build_dir, name, content_hash)
-        except StackError as exc:
-            table.add_row(*manifest, verdict, content_hash[:HASH_CHARS], "record unreadable")
-            problems.append(f"{name}: {exc}")
-            continue
-        table.add_row(
+        row, problem, read = _list_row(settings, name)
+        table.add_row(*row)
+        problems += [problem] if problem else []
+        wheels += read["wheels"]
+        records += read["records"]
+    with out.capture() as captured:
+        out.print(table)
+    listing = captured.get() + "".join(f"{problem}\n" for problem in problems)
+    click.echo(listing, nl=False)
+    keep_listing(settings.build_dir, settings.stacks_dir, taken, wheels, records, listing)
+
+
+def _list_row(settings: Settings, name: str) -> tuple[list[str], str | None, dict[str, list[str]]]:
+    """One stack's row of `list`, the problem that cut it short (None: none), and the files it
+    read beyond the fingerprinted folders (its wheels, its record) for list_memo."""
+    read: dict[str, list[str]] = {"wheels": [], "records": []}
+    try:
+        stack = settings.resolve(name)
+    except StackError:
+        return [name, "invalid", "", "", "", "", f"`check {name}` says why"], None, read
+    m = stack.manifest
+    vllm = m.python.packages.get("vllm")
+    manifest = [
+        name,
+        m.status,
+        " ".join(m.gpus),
+        m.cuda,
+        vllm.version if vllm else "-",
+        m.serve.moe_backend or "-",
+    ]
+    try:
+        locked = lock_stack(stack)  # read once: for the rules and for the context
+        result = check_stack(stack, locked.versions)
+        if locked.stale is not None:
+            raise locked.stale
+        rendered = settings.render_locked(locked)
+        content_hash = rendered.content_hash()
+        read["wheels"] = [str(copied.source) for copied in rendered.copied.values()]
+    except StackError as exc:  # a stale or broken lock, a patch file gone, ...
+        stale = exc.key == "inputs_hash"
+        cells = [*manifest, "lock stale" if stale else "no render", "-", "?", "?", "?"]
+        return cells, f"{name}: {exc}", read
+    verdict = "ok" if result.ok else _first_rule(result.violations[0])
+    read["records"] = [str(record_path(settings.build_dir, name, content_hash))]
+    try:
+        record = load_record(settings.build_dir, name, content_hash)
+    except StackError as exc:
+        cells = [*manifest, verdict, content_hash[:HASH_CHARS], "record unreadable"]
+        return cells, f"{name}: {exc}", read
+    return (
+        [
             *manifest,
             verdict,
             content_hash[:HASH_CHARS],
@@ -97,12 +113,10 @@ def list_stacks(settings: Settings) -> None:
             record.static or _verdict(record),
             _served(record),
             ", ".join(record.pushed) or "no",
-        )
-    with out.capture() as captured:
-        out.print(table)
-    listing = captured.get() + "".join(f"{problem}\n" for problem in problems)
-    click.echo(listing, nl=False)
-    keep_listing(settings.build_dir, settings.stacks_dir, taken, wheels, records, listing)
+        ],
+        None,
+        read,
+    )
 
 
 def _first_rule(violation: Violation) -> str:
