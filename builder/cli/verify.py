@@ -350,21 +350,10 @@ def smoke_command(
     FLASHINFER_JIT_VERBOSE=1, or FlashInfer's compiles leave no line in its log."""
     from builder.verify import smoke, soak  # imports requests: paid only when a smoke runs
 
-    ctx = click.get_current_context()
-    for name in ("registry", "gpu_kind"):
-        if not record and given_here(ctx, name):
-            option = "--" + name.replace("_", "-")
-            raise StackError(
-                f"{option} names where --record adds the verdict: without --record nothing is "
-                "recorded",
-                key=option,
-                hint=f"add --record, or leave out {option}",
-            )
+    _refuse_record_options(record)
     signer = read_signing_key(signing_key) if record else None  # before the smoke, too
     if record:  # its form is checked before the smoke, not after minutes of it
-        from builder.image.registry import Registry
-
-        Registry.parse(registry)
+        _parse_registry(registry)
     resolved = settings.checked(stack)
     if not url.startswith(("http://", "https://")):
         raise StackError(f"--url {url!r} is not an http(s) URL", key="--url")
@@ -396,6 +385,27 @@ def smoke_command(
         _record_served(settings, resolved, result.to_json(), registry, gpu_kind, signer)
     if not result.passed:
         raise SystemExit(1)
+
+
+def _refuse_record_options(record: bool) -> None:
+    """smoke --url's --registry and --gpu-kind say where --record adds the verdict: written
+    on the command line without it, they are refused."""
+    ctx = click.get_current_context()
+    for name in ("registry", "gpu_kind"):
+        if not record and given_here(ctx, name):
+            option = "--" + name.replace("_", "-")
+            raise StackError(
+                f"{option} names where --record adds the verdict: without --record nothing is "
+                "recorded",
+                key=option,
+                hint=f"add --record, or leave out {option}",
+            )
+
+
+def _parse_registry(registry: str | None) -> None:
+    from builder.image.registry import Registry  # the HTTP client: only where it is used
+
+    Registry.parse(registry)
 
 
 def _record_served(
