@@ -102,22 +102,14 @@ def build_stack(
     existing = find_image(engine, ref, content_hash)
     bases = local_base_ids(engine, stack)
     if existing is not None and not options.no_cache and not _bases_moved(existing, bases):
-        engine.tag(existing.id, moving_ref(stack.name))
-        _note_image(build_dir, stack.name, content_hash, existing.id)
-        return BuildOutcome(
-            stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
-        )
+        return _reused(engine, build_dir, stack.name, existing, (ref, content_hash), started)
     stack_dir = build_dir / stack.name
     with stack_dir_lock(stack_dir, options.lock_wait_s) as waited:
         # Built while we waited? Without a wait nobody here was building it: the look above
         # still holds (at worst a build that ended in between is done again, all cached).
         existing = None if options.no_cache or not waited else find_image(engine, ref, content_hash)
         if existing is not None and not _bases_moved(existing, bases):  # built while we waited
-            engine.tag(existing.id, moving_ref(stack.name))
-            _note_image(build_dir, stack.name, content_hash, existing.id)
-            return BuildOutcome(
-                stack.name, content_hash, ref, existing.id, True, time.monotonic() - started
-            )
+            return _reused(engine, build_dir, stack.name, existing, (ref, content_hash), started)
         context = write_context(rendered, stack_dir / "context")
         logs = stack_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -151,6 +143,22 @@ def build_stack(
             log_path,
             command_path,
         )
+
+
+def _reused(
+    engine: Engine,
+    build_dir: Path,
+    stack: str,
+    image: Image,
+    named: tuple[str, str],
+    started: float,
+) -> BuildOutcome:
+    """An image of this content hash is there (named: its local reference and content hash):
+    tagged as the stack's current one, noted in the record, and no build runs."""
+    ref, content_hash = named
+    engine.tag(image.id, moving_ref(stack))
+    _note_image(build_dir, stack, content_hash, image.id)
+    return BuildOutcome(stack, content_hash, ref, image.id, True, time.monotonic() - started)
 
 
 def _note_image(build_dir: Path, stack: str, content_hash: str, image_id: str) -> None:
