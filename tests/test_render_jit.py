@@ -183,10 +183,17 @@ def test_the_jit_deps_stage_installs_torch_flashinfer_and_its_imports_only() -> 
     assert "flashinfer-python==0.7.2.post1 \\\n    --hash=sha256:" in jit
     assert "torch==" not in jit, "torch comes from lock-heavy.txt, the packages stage's layer"
     stages = _stages(rendered.dockerfile)
-    heavy_install = next(
-        line for line in stages["packages"].splitlines() if "lock-heavy.txt" in line
-    )
-    assert heavy_install in stages["jit-deps"], "the torch layer must be the same as packages'"
+    assert "-r /opt/sm120-stacks/requirements/lock-heavy.txt" in stages["jit-deps"]
+    # The image ships jit-deps' very files (the modules were compiled against them, and ninja
+    # judges them by their times): packages continues from it, and installs no heavy part again.
+    assert _lineage(stages, "runtime") == [
+        "runtime",
+        "patched",
+        "packages",
+        "jit-deps",
+        "toolchain",
+    ]
+    assert "lock-heavy.txt" not in stages["packages"]
     assert "pip check" in stages["jit-deps"]
     assert jit_dependency_names() >= {"flashinfer-python", "ninja"}
 
@@ -199,6 +206,10 @@ def test_only_the_patches_to_the_jit_packages_are_applied_in_jit_deps() -> None:
     sums = rendered.files["patches/SHA256SUMS.jit"][0].decode()
     assert sums.count("\n") == 1 and sums.endswith("  flashinfer-sm120-moe-arch.patch\n")
     assert "FROM jit-deps AS jit-cache" in rendered.dockerfile
+    # ...and not again in patched, which continues from it: patch --forward would refuse it.
+    patched = _stages(rendered.dockerfile)["patched"]
+    assert "vllm-sm120-capability.patch" in patched
+    assert "--input=/opt/sm120-stacks/patches/flashinfer-sm120-moe-arch.patch" not in patched
 
 
 def test_b12x_and_marlin_share_the_jit_deps_layers_and_the_compile_cache() -> None:

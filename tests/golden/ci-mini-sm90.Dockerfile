@@ -8,8 +8,27 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# --- packages: exact pins; torch in an earlier layer of its own ---
-FROM toolchain AS packages
+# --- jit-deps: only what the FlashInfer JIT compile reads (torch, FlashInfer and its imports) ---
+# Its own requirements file (requirements/jit.txt, knowledge/jit_dependencies.yaml says which
+# packages), FROM toolchain: a change of vLLM or of any other pin leaves this stage and the
+# compiles after it cached. The packages stage continues from here, so these layers ship as they
+# are; the modules come over from jit-cache.
+FROM toolchain AS jit-deps
+COPY requirements/jit.txt /opt/sm120-stacks/requirements/
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
+    --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --find-links /opt/sm120-stacks/wheels -r /opt/sm120-stacks/requirements/jit.txt
+
+# --- packages: exact pins, over jit-deps (torch and FlashInfer's part in layers of their own) ---
+# FROM jit-deps, not toolchain: the packages the FlashInfer modules were compiled against are
+# those very files in the image (same layers, same times, so ninja finds the modules fresh);
+# pip leaves them as they are (already installed) and adds the rest.
+FROM jit-deps AS packages
 # The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; pip's cache lives
 # in a cache mount, so --no-cache-dir (DL3042) would only slow rebuilds. Separate RUNs (DL3059)
 # on purpose: the heavy layer survives a change of any other pin.
@@ -21,33 +40,10 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
     --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
     /opt/sm120-stacks/tools/with-secrets.sh \
-    pip install --find-links /opt/sm120-stacks/wheels -c /opt/sm120-stacks/requirements/constraints.txt -r /opt/sm120-stacks/requirements/heavy.txt
-# hadolint ignore=DL3042,DL3059
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=secret,id=proxy-ca \
-    --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
-    --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
-    /opt/sm120-stacks/tools/with-secrets.sh \
     pip install --find-links /opt/sm120-stacks/wheels -r /opt/sm120-stacks/requirements/all.txt
 
 # --- patches: applied to the installed packages, checksums verified first ---
 FROM packages AS patched
-
-# --- jit-deps: only what the FlashInfer JIT compile reads (torch, FlashInfer and its imports) ---
-# Its own requirements file (requirements/jit.txt, knowledge/jit_dependencies.yaml says which
-# packages), FROM toolchain: a change of vLLM or of any other pin leaves this stage and the
-# compiles after it cached. The runtime takes the modules from jit-cache; this venv never ships.
-FROM toolchain AS jit-deps
-COPY requirements/jit.txt /opt/sm120-stacks/requirements/
-# hadolint ignore=DL3042,DL3059
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=secret,id=proxy-ca \
-    --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
-    --mount=type=bind,source=wheels,target=/opt/sm120-stacks/wheels \
-    /opt/sm120-stacks/tools/with-secrets.sh \
-    pip install --find-links /opt/sm120-stacks/wheels -r /opt/sm120-stacks/requirements/jit.txt
 
 # --- jit-cache: FlashInfer modules compiled for 9.0a, one at a time ---
 FROM jit-deps AS jit-cache

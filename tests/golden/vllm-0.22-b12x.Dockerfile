@@ -12,39 +12,13 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# --- packages: exact pins; torch in an earlier layer of its own ---
-FROM toolchain AS packages
-# The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; pip's cache lives
-# in a cache mount, so --no-cache-dir (DL3042) would only slow rebuilds. Separate RUNs (DL3059)
-# on purpose: the heavy layer survives a change of any other pin.
-# Locked (stacks/vllm-0.22-b12x.lock): the complete package set, each file hash-checked, so
-# --no-deps. The heavy part's file is copied alone first: its layer survives any other change.
-COPY requirements/lock-heavy.txt /opt/sm120-stacks/requirements/
-# hadolint ignore=DL3042,DL3059
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=secret,id=proxy-ca \
-    --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
-    /opt/sm120-stacks/tools/with-secrets.sh \
-    pip install --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock-heavy.txt
-COPY requirements/ /opt/sm120-stacks/requirements/
-# hadolint ignore=DL3042,DL3059
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    --mount=type=secret,id=proxy-ca \
-    --mount=type=secret,id=hf-token \
-    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
-    /opt/sm120-stacks/tools/with-secrets.sh \
-    pip install --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock.txt
-
-# --- patches: applied to the installed packages, checksums verified first ---
-FROM packages AS patched
-
 # --- jit-deps: only what the FlashInfer JIT compile reads (torch, FlashInfer and its imports) ---
 # Its own requirements file (requirements/jit.txt, knowledge/jit_dependencies.yaml says which
 # packages), FROM toolchain: a change of vLLM or of any other pin leaves this stage and the
-# compiles after it cached. The runtime takes the modules from jit-cache; this venv never ships.
+# compiles after it cached. The packages stage continues from here, so these layers ship as they
+# are; the modules come over from jit-cache.
 FROM toolchain AS jit-deps
-# The very layer the packages stage installs torch in: built once, shared by both.
+# The heavy part first, in a layer of its own: it survives any other change.
 COPY requirements/lock-heavy.txt /opt/sm120-stacks/requirements/
 # hadolint ignore=DL3042,DL3059
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
@@ -67,6 +41,28 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 RUN { pip check > /tmp/jit-deps-check.txt || true; } \
  && if grep "which is not installed" /tmp/jit-deps-check.txt; then exit 1; fi \
  && rm /tmp/jit-deps-check.txt
+
+# --- packages: exact pins, over jit-deps (torch and FlashInfer's part in layers of their own) ---
+# FROM jit-deps, not toolchain: the packages the FlashInfer modules were compiled against are
+# those very files in the image (same layers, same times, so ninja finds the modules fresh);
+# pip leaves them as they are (already installed) and adds the rest.
+FROM jit-deps AS packages
+# The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; pip's cache lives
+# in a cache mount, so --no-cache-dir (DL3042) would only slow rebuilds. Separate RUNs (DL3059)
+# on purpose: the heavy layer survives a change of any other pin.
+COPY requirements/ /opt/sm120-stacks/requirements/
+# Locked (stacks/vllm-0.22-b12x.lock): the complete package set, each file hash-checked, so
+# --no-deps.
+# hadolint ignore=DL3042,DL3059
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
+    /opt/sm120-stacks/tools/with-secrets.sh \
+    pip install --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock.txt
+
+# --- patches: applied to the installed packages, checksums verified first ---
+FROM packages AS patched
 
 # --- jit-cache: FlashInfer modules compiled for 12.0f, one at a time ---
 FROM jit-deps AS jit-cache
