@@ -229,6 +229,7 @@ class _Sdk:
         self.api = self
         self.images = self
         self._info = info
+        self.timeout = 600  # APIClient's per-read limit, which a push or pull narrows
 
     def info(self) -> Any:
         if isinstance(self._info, Exception):
