@@ -196,13 +196,7 @@ def restore(
             result = _no_match(key, candidates)
             result.recovered = recovered
             if require_warm:
-                raise OperationFailed(
-                    f"{target.host}: warm required, and "
-                    f"{result.detail.replace(': a cold start', '')}"
-                    + "".join(f"\n  {line}" for line in result.differences)
-                    + "\n  capture a cache on a host of this GPU kind, driver and pin "
-                    "(`sm120-stacks cache capture HOST`), or deploy without --require-warm"
-                )
+                raise _warm_required(target, result)
             return _cold(access, result)
         refused: list[str] = []
         signed_files: dict[str, list[archive.CapturedFile]] = {}
@@ -369,6 +363,16 @@ def _listing_of(state: dict[str, Any] | None) -> Listing | None:
     if state is None:
         return None
     return {path: FileEntry(*values) for path, values in (state.get("files") or {}).items()}
+
+
+def _warm_required(target: WarmTarget, result: RestoreResult) -> OperationFailed:
+    """deploy --require-warm where no artifact has the host's key: why, and what to do."""
+    return OperationFailed(
+        f"{target.host}: warm required, and {result.detail.replace(': a cold start', '')}"
+        + "".join(f"\n  {line}" for line in result.differences)
+        + "\n  capture a cache on a host of this GPU kind, driver and pin "
+        "(`sm120-stacks cache capture HOST`), or deploy without --require-warm"
+    )
 
 
 def _no_match(key: WarmKey, candidates: list[artifact.Found]) -> RestoreResult:
