@@ -5,6 +5,7 @@ is imported only then (this module is imported by every command). Every SDK call
 `_engine_errors`, so what a step sees is an EngineError with the daemon's own message.
 """
 
+# long: the one module allowed to import docker: Engine and Container over the SDK
 from __future__ import annotations
 
 import contextlib
