@@ -19,7 +19,7 @@ CLI=$PWD/.venv/bin/sm120-stacks
 PY=$PWD/.venv/bin/python
 RUN_ID=${RUN_ID:-$(date -u +%Y%m%dT%H%M%S)-$$}
 mkdir -p "$OUT"
-rm -f "$OUT"/*.txt "$OUT"/*.log "$OUT"/*.md
+rm -f "$OUT"/{build-parent,build-child,timeline}.txt "$OUT"/{parent,child-six}.buildkit.log "$OUT"/jit-steps.md
 SECONDS=0
 
 . bench/workspace.sh
