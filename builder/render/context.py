@@ -49,7 +49,7 @@ class TemplateContext:
     python_version: str
     build_apt_packages: list[str]
     runtime_apt_packages: list[str]
-    #: Build and runtime bases are the same image: the runtime stage continues from jit-cache
+    #: Build and runtime bases are the same image: the runtime stage continues from patched
     #: instead of copying /opt/venv over, which would merge torch and every other package into
     #: one layer and keep the venv twice in the build cache (bench/RESULTS.md §4).
     runtime_from_build: bool

@@ -52,7 +52,7 @@ def jit_package_names(stack: ResolvedStack, lock: Lock | None) -> list[str]:
 
 def jit_requirements(stack: ResolvedStack, lock: Lock | None) -> str:
     """requirements/jit.txt: with a lock, the closure's packages outside the heavy part, hash
-    pinned (the heavy part is lock-heavy.txt, the very layer the packages stage installs);
+    pinned (the heavy part is lock-heavy.txt, installed first in a layer of its own);
     without one, the closure's manifest pins, the heavy ones included."""
     names = set(jit_package_names(stack, lock))
     if lock is not None:
