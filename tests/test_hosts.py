@@ -17,7 +17,7 @@ import pytest
 import yaml
 from click.testing import Result
 
-from builder.cli import hosts as cli_hosts
+from builder.cli import doctor as cli_doctor
 from builder.engine.docker_adapter import run_kwargs
 from builder.engine.hostprobe import Gpu, HostFacts, Probe, gather
 from builder.errors import StackError
@@ -579,7 +579,7 @@ def test_doctor_cli_reports_each_failure_with_its_fix(
     run_cli: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        cli_hosts,
+        cli_doctor,
         "gather",
         lambda api, why, probe=None: gather(None, "no engine here", _probe(None)),
     )

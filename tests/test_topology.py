@@ -21,7 +21,7 @@ import pytest
 import yaml
 from click.testing import Result
 
-from builder.cli import hosts as cli_hosts
+from builder.cli import doctor as cli_doctor
 from builder.cli.app import Settings
 from builder.engine.hostprobe import Probe
 from builder.engine.protocol import EngineHost
@@ -602,9 +602,9 @@ cat {folder}/lspci.txt
             if name not in without:
                 _executable(bin_dir / name, text)
         monkeypatch.setenv("PATH", str(bin_dir))
-        real_probe = cli_hosts._probe
+        real_probe = cli_doctor._probe
         monkeypatch.setattr(
-            cli_hosts,
+            cli_doctor,
             "_probe",
             lambda pinned, default: replace(
                 real_probe(pinned, default), cmdline=folder / "cmdline", sysfs=sysfs

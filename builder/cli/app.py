@@ -266,7 +266,7 @@ COMMAND_MODULES = {
     "deploy": "builder.cli.hosts",
     "drift": "builder.cli.hosts",
     "verify": "builder.cli.hosts",  # the old name of drift, for one release
-    "doctor": "builder.cli.hosts",
+    "doctor": "builder.cli.doctor",
     "outdated": "builder.cli.upstream",
     "propose": "builder.cli.upstream",
     "diff": "builder.cli.upstream",

@@ -1,15 +1,13 @@
-"""Commands that pin serving hosts to tested images: pin, deploy, drift (once `verify`), doctor.
+"""Commands that pin serving hosts to tested images: pin, deploy, drift (once `verify`).
 
 Registered on the main `cli` group when builder.cli.app imports this module. Bad input exits 2
-(user_errors); drift and missing prerequisites (doctor) exit 1, since they describe the
-host, not the command line.
+(user_errors); drift exits 1, since it describes the host, not the command line. A host's
+prerequisites are `doctor`'s (cli/doctor.py).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import sys
 from pathlib import Path
 
 import click
@@ -27,19 +25,15 @@ from builder.cli.fleet import all_pins, deploy_pins, verify_pins
 from builder.cli.keys import allow_unsigned_option
 from builder.engine import address
 from builder.engine.address import check_address
-from builder.engine.hostprobe import Probe, gather, probe_for
+from builder.engine.hostprobe import gather, probe_for
 from builder.errors import StackError
 from builder.evidence.trust import TrustPolicy, host_policy
-from builder.hosts import remote, topology
-from builder.hosts.hostcheck import Finding, check, requirements_for
-from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, pin_path, write_pin
+from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, write_pin
 from builder.hosts.trustdrift import refuse_revoked
 from builder.hosts.warmth import WarmPolicy
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
 from builder.spec.mounts import DEFAULT_MODELS, models_mount, parse_mount
-from builder.spec.serve import serve_argv
-from builder.spec.yamlsafe import load_yaml
 
 EXIT_DRIFT = 1
 
@@ -53,7 +47,7 @@ hosts_dir_option = click.option(
 )
 
 
-def _hosts_dir(settings: Settings, value: Path | None) -> Path:
+def hosts_folder(settings: Settings, value: Path | None) -> Path:
     return value if value is not None else settings.hosts_dir
 
 
@@ -174,7 +168,7 @@ def pin(
     repository = Registry.parse(registry).repository if registry else None
     if host_engine is not None:
         check_address(host_engine, key="--engine")
-    trust = host_policy(_hosts_dir(settings, hosts_dir))  # a bad policy: refused before all
+    trust = host_policy(hosts_folder(settings, hosts_dir))  # a bad policy: refused before all
     evidence_keys: tuple[str, ...] = ()
     unsigned = False
     if record.tests != "passed" or not record.pushed:
@@ -204,7 +198,7 @@ def pin(
         user=user,
     )
     made = make_pin(host, resolved, content_hash, record, repository, options)
-    path = write_pin(_hosts_dir(settings, hosts_dir), made)
+    path = write_pin(hosts_folder(settings, hosts_dir), made)
     click.echo(f"pinned {host} to {made.image}\n  {path}")
     if made.served_on is not None:
         click.echo(f"  relies on its served verdict on {made.served_on}")
@@ -341,7 +335,7 @@ def deploy(
     time, each gated and rolled back on a failure. Exit status 1 when the roll stopped at a
     gate, 2 at bad input (the warm-cache restore refused, a pull that failed).
     """
-    folder = _hosts_dir(settings, hosts_dir)
+    folder = hosts_folder(settings, hosts_dir)
     _one_or_all(host, every)
     _apply_only(
         apply_now,
@@ -417,7 +411,7 @@ def drift(
 
     Exit status: 0 as pinned, 1 drift, 2 bad input.
     """
-    folder = _hosts_dir(settings, hosts_dir)
+    folder = hosts_folder(settings, hosts_dir)
     _one_or_all(host, every)
     pins = all_pins(folder) if every else [load_pin(folder, str(host))]
     verify_pins(pins, as_json, settings.engine_address(), every, host_policy(folder))
@@ -437,101 +431,3 @@ def _one_or_all(host: str | None, every: bool) -> None:
         raise StackError("give HOST or --all, not both", key="HOST")
     if not every and not host:
         raise StackError("name a HOST, or pass --all for every pinned host", key="HOST")
-
-
-@cli.command()
-@click.option(
-    "--host",
-    help="Check against this host's pin (its GPUs, driver minimum, tensor parallelism); a pin "
-    "with an ssh:// engine: that host, over ssh.",
-)
-@click.option("--stack", help="Check against this stack's GPU targets and CUDA driver minimum.")
-@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
-@engine_option
-@hosts_dir_option
-@pass_settings
-@user_errors
-def doctor(
-    settings: Settings,
-    host: str | None,
-    stack: str | None,
-    as_json: bool,
-    hosts_dir: Path | None,
-) -> None:
-    """Host prerequisites for serving: engine, NVIDIA driver, GPUs, container runtime; for a
-    pin or stack serving on several GPUs, what tensor parallelism needs (P2P between its GPUs;
-    for pairs over PCIe, no translating IOMMU, and no ACS redirect on the bridges between them:
-    a failure where the IOMMU translates, a warning where it does not; pairs over NVLink are
-    not judged for either).
-
-    Exit status: 0 all present, 1 something is missing (each with its fix), 2 bad input.
-    """
-    if host and stack:
-        raise StackError("give --host or --stack, not both", key="--host")
-    needs, selected, serve, pinned = None, None, None, None
-    if host:
-        folder = _hosts_dir(settings, hosts_dir)
-        pinned = load_pin(folder, host)
-        needs, selected = pinned.needs.requirements(), pinned.gpu_indices
-        origin = topology.ArgvOrigin(("command",), 0, (load_yaml(pin_path(folder, host)),))
-        serve = topology.serve_of(
-            f"the pin of {host}", pinned.command, pinned.env, pinned.gpu_indices, origin
-        )
-    elif stack:
-        resolved = settings.resolve(stack)
-        needs = requirements_for(list(resolved.manifest.gpus), resolved.arch.min_driver)
-        argv = serve_argv(resolved)
-        extra = len(resolved.manifest.serve.extra_args)  # serve_argv ends with them
-        docs = tuple(load_yaml(path) for path in resolved.sources)
-        origin = topology.ArgvOrigin(("serve", "extra_args"), len(argv) - extra, docs)
-        serve = topology.serve_of(f"stack {stack}", argv, resolved.manifest.env, None, origin)
-    default = settings.engine_address()
-    probe = _probe(pinned, default)
-    if pinned is None:
-        engine, why = settings.connect_or_why()
-    else:
-        engine, why = remote.try_connect(pinned, default)
-    facts = gather(engine, why, probe)
-    findings = check(facts, needs, selected)
-    if serve is None:
-        findings += topology.not_checked(len(facts.gpus))
-    else:
-        findings += topology.check(serve, probe)
-    _print_findings(findings, as_json)
-    if not all(f.ok for f in findings):
-        sys.exit(EXIT_DRIFT)
-
-
-def _probe(pinned: Pin | None, default: str | None) -> Probe:
-    """How doctor reads the host: the pin's (over ssh for an ssh:// engine), else the
-    command's engine's host (here, for the local socket)."""
-    return probe_for(default) if pinned is None else remote.probe(pinned, default)
-
-
-def _print_findings(findings: list[Finding], as_json: bool) -> None:
-    if as_json:
-        rows = [
-            {
-                "name": f.name,
-                "ok": f.ok,
-                "warn": f.warn,
-                "detail": f.detail,
-                "fix": f.fix,
-                "evidence": list(f.evidence),
-            }
-            for f in findings
-        ]
-        click.echo(json.dumps(rows, indent=2))
-        return
-    for f in findings:
-        mark = "FAIL" if not f.ok else "warn" if f.warn else "ok  "
-        click.echo(f"{mark}  {f.name}: {f.detail}")
-        if not f.ok or f.warn:
-            if f.fix:
-                click.echo(f"      fix: {f.fix}")
-            if f.evidence:
-                click.echo(f"      see: {' '.join(f.evidence)}")
-    failed = sum(not f.ok for f in findings)
-    warned = sum(f.ok and f.warn for f in findings)
-    summary = f"{failed} prerequisite(s) missing" if failed else "all prerequisites present"
-    click.echo(summary + (f", {warned} warning(s)" if warned else ""))

@@ -1,0 +1,133 @@
+"""`sm120-stacks doctor`: a serving host's prerequisites (engine, NVIDIA driver, GPUs, container
+runtime) and what tensor parallelism over its GPUs needs, for a pin or a stack. Missing
+prerequisites exit 1 (they describe the host, not the command line), bad input 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
+from builder.cli.hosts import EXIT_DRIFT, hosts_dir_option, hosts_folder
+from builder.engine.hostprobe import Probe, gather, probe_for
+from builder.errors import StackError
+from builder.hosts import remote, topology
+from builder.hosts.hostcheck import Finding, Requirements, check, requirements_for
+from builder.hosts.pins import Pin, load_pin, pin_path
+from builder.spec.serve import serve_argv
+from builder.spec.yamlsafe import load_yaml
+
+
+@cli.command()
+@click.option(
+    "--host",
+    help="Check against this host's pin (its GPUs, driver minimum, tensor parallelism); a pin "
+    "with an ssh:// engine: that host, over ssh.",
+)
+@click.option("--stack", help="Check against this stack's GPU targets and CUDA driver minimum.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@engine_option
+@hosts_dir_option
+@pass_settings
+@user_errors
+def doctor(
+    settings: Settings,
+    host: str | None,
+    stack: str | None,
+    as_json: bool,
+    hosts_dir: Path | None,
+) -> None:
+    """Host prerequisites for serving: engine, NVIDIA driver, GPUs, container runtime; for a
+    pin or stack serving on several GPUs, what tensor parallelism needs (P2P between its GPUs;
+    for pairs over PCIe, no translating IOMMU, and no ACS redirect on the bridges between them:
+    a failure where the IOMMU translates, a warning where it does not; pairs over NVLink are
+    not judged for either).
+
+    Exit status: 0 all present, 1 something is missing (each with its fix), 2 bad input.
+    """
+    if host and stack:
+        raise StackError("give --host or --stack, not both", key="--host")
+    pinned = load_pin(hosts_folder(settings, hosts_dir), host) if host else None
+    needs, selected, serve = _what_to_check(settings, host, stack, hosts_dir, pinned)
+    default = settings.engine_address()
+    probe = _probe(pinned, default)
+    if pinned is None:
+        engine, why = settings.connect_or_why()
+    else:
+        engine, why = remote.try_connect(pinned, default)
+    facts = gather(engine, why, probe)
+    findings = check(facts, needs, selected)
+    if serve is None:
+        findings += topology.not_checked(len(facts.gpus))
+    else:
+        findings += topology.check(serve, probe)
+    _print_findings(findings, as_json)
+    if not all(f.ok for f in findings):
+        sys.exit(EXIT_DRIFT)
+
+
+def _what_to_check(
+    settings: Settings,
+    host: str | None,
+    stack: str | None,
+    hosts_dir: Path | None,
+    pinned: Pin | None,
+) -> tuple[Requirements | None, list[int] | None, topology.Serve | None]:
+    """What the host is judged against: the pin's (or the stack's) GPUs and driver minimum,
+    the GPUs it selects, and its serve for tensor parallelism; all None with neither."""
+    if host and pinned is not None:
+        folder = hosts_folder(settings, hosts_dir)
+        origin = topology.ArgvOrigin(("command",), 0, (load_yaml(pin_path(folder, host)),))
+        serve = topology.serve_of(
+            f"the pin of {host}", pinned.command, pinned.env, pinned.gpu_indices, origin
+        )
+        return pinned.needs.requirements(), pinned.gpu_indices, serve
+    if stack:
+        resolved = settings.resolve(stack)
+        needs = requirements_for(list(resolved.manifest.gpus), resolved.arch.min_driver)
+        argv = serve_argv(resolved)
+        extra = len(resolved.manifest.serve.extra_args)  # serve_argv ends with them
+        docs = tuple(load_yaml(path) for path in resolved.sources)
+        origin = topology.ArgvOrigin(("serve", "extra_args"), len(argv) - extra, docs)
+        serve = topology.serve_of(f"stack {stack}", argv, resolved.manifest.env, None, origin)
+        return needs, None, serve
+    return None, None, None
+
+
+def _probe(pinned: Pin | None, default: str | None) -> Probe:
+    """How doctor reads the host: the pin's (over ssh for an ssh:// engine), else the
+    command's engine's host (here, for the local socket)."""
+    return probe_for(default) if pinned is None else remote.probe(pinned, default)
+
+
+def _print_findings(findings: list[Finding], as_json: bool) -> None:
+    if as_json:
+        rows = [
+            {
+                "name": f.name,
+                "ok": f.ok,
+                "warn": f.warn,
+                "detail": f.detail,
+                "fix": f.fix,
+                "evidence": list(f.evidence),
+            }
+            for f in findings
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for f in findings:
+        mark = "FAIL" if not f.ok else "warn" if f.warn else "ok  "
+        click.echo(f"{mark}  {f.name}: {f.detail}")
+        if not f.ok or f.warn:
+            if f.fix:
+                click.echo(f"      fix: {f.fix}")
+            if f.evidence:
+                click.echo(f"      see: {' '.join(f.evidence)}")
+    failed = sum(not f.ok for f in findings)
+    warned = sum(f.ok and f.warn for f in findings)
+    summary = f"{failed} prerequisite(s) missing" if failed else "all prerequisites present"
+    click.echo(summary + (f", {warned} warning(s)" if warned else ""))
