@@ -8,6 +8,7 @@ prerequisites are `doctor`'s (cli/doctor.py).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -159,26 +160,15 @@ def pin(
     `deploy --apply` (one host or all) puts the host back on when the new one fails its gate.
     """
     resolved = settings.checked(stack)
-    for text in volumes:  # the command line first, before any record or registry is read
-        parse_mount(text, "--volume")
-    if models_dir is not None:
-        models_mount(models_dir)
+    _check_inputs(volumes, models_dir, host_engine)  # before any record or registry is read
     content_hash = settings.render(resolved).content_hash()
     record = load_record(settings.build_dir, stack, content_hash)
     repository = Registry.parse(registry).repository if registry else None
-    if host_engine is not None:
-        check_address(host_engine, key="--engine")
     trust = host_policy(hosts_folder(settings, hosts_dir))  # a bad policy: refused before all
-    evidence_keys: tuple[str, ...] = ()
-    unsigned = False
-    if record.tests != "passed" or not record.pushed:
-        record, evidence_keys, unsigned = _record_from_registry(
-            registry, stack, content_hash, record, trust, allow_unsigned
-        )
-    if repository not in (None, *record.pushed) and not given_here(
-        click.get_current_context(), "registry"
-    ):
-        repository = None  # the variable names a registry the image is not in: not a choice
+    record, evidence_keys, unsigned = _relied_on(
+        registry, stack, content_hash, record, trust, allow_unsigned
+    )
+    repository = _chosen(repository, record)
     if gpu_kind is None and resolved.manifest.smoke.needs_gpu:
         gpu_kind = _host_gpu_kind(host_engine)
     options = PinOptions(
@@ -198,15 +188,54 @@ def pin(
         user=user,
     )
     made = make_pin(host, resolved, content_hash, record, repository, options)
-    path = write_pin(hosts_folder(settings, hosts_dir), made)
-    click.echo(f"pinned {host} to {made.image}\n  {path}")
+    _say_pinned(made, write_pin(hosts_folder(settings, hosts_dir), made), stack, gpu_kind)
+
+
+def _check_inputs(volumes: tuple[str, ...], models_dir: str | None, engine: str | None) -> None:
+    """pin's --volume, --models and --engine, refused for their form before anything is read."""
+    for text in volumes:
+        parse_mount(text, "--volume")
+    if models_dir is not None:
+        models_mount(models_dir)
+    if engine is not None:
+        check_address(engine, key="--engine")
+
+
+def _relied_on(
+    registry: str | None,
+    stack: str,
+    content_hash: str,
+    record: Record,
+    trust: TrustPolicy | None,
+    allow_unsigned: bool,
+) -> tuple[Record, tuple[str, ...], bool]:
+    """The record pin relies on: this build folder's where it says tested and pushed, else
+    the verdicts of the image's evidence in the registry (with the keys that vouched for them,
+    and whether unsigned documents were allowed)."""
+    if record.tests == "passed" and record.pushed:
+        return record, (), False
+    return _record_from_registry(registry, stack, content_hash, record, trust, allow_unsigned)
+
+
+def _chosen(repository: str | None, record: Record) -> str | None:
+    """The registry the pin names: --registry as given; the variable's only where the image
+    was pushed there (a variable set for other commands is not a choice)."""
+    if repository not in (None, *record.pushed) and not given_here(
+        click.get_current_context(), "registry"
+    ):
+        return None
+    return repository
+
+
+def _say_pinned(made: Pin, path: Path, stack: str, gpu_kind: str | None) -> None:
+    click.echo(f"pinned {made.host} to {made.image}\n  {path}")
     if made.served_on is not None:
         click.echo(f"  relies on its served verdict on {made.served_on}")
     if made.allow_unserved:
         click.echo(
             f"warning: pinned with --allow-unserved: the image never served on "
-            f"{gpu_kind or 'the host GPU kind'} (static checks only); run `sm120-stacks test "
-            f"{stack} --require-gpu` on such a host before serving from it",
+            f"{gpu_kind or 'the host GPU kind'} (static checks only); run `sm120-stacks "
+            f"test {stack} --require-gpu` on such a host before serving from it",
             err=True,
         )
 
@@ -359,16 +388,7 @@ def deploy(
         return (out or base) / pin.host if every else out or base / pin.host
 
     if fmt == "k8s":
-        if apply_now:
-            raise StackError(
-                "--apply runs a pin on a Docker engine, not on Kubernetes",
-                key="--apply",
-                hint="render with --format k8s, then `kubectl apply -f FILE`",
-            )
-        from builder.hosts.k8s import write_k8s
-
-        for pinned in pins:
-            click.echo(write_k8s(pinned, out_of(pinned), gpu_product))
+        _deploy_k8s(pins, out_of, gpu_product, apply_now)
         return
     warm = WarmPolicy(
         require=require_warm,
@@ -380,6 +400,22 @@ def deploy(
     deploy_pins(
         settings, folder, pins, out_of, apply_now, not no_smoke, gate_timeout, as_json, warm
     )
+
+
+def _deploy_k8s(
+    pins: list[Pin], out_of: Callable[[Pin], Path], gpu_product: str | None, apply_now: bool
+) -> None:
+    """deploy --format k8s: each pin's Deployment and Service written, their paths printed."""
+    if apply_now:
+        raise StackError(
+            "--apply runs a pin on a Docker engine, not on Kubernetes",
+            key="--apply",
+            hint="render with --format k8s, then `kubectl apply -f FILE`",
+        )
+    from builder.hosts.k8s import write_k8s
+
+    for pinned in pins:
+        click.echo(write_k8s(pinned, out_of(pinned), gpu_product))
 
 
 def _apply_only(apply_now: bool, **given: object) -> None:
