@@ -159,9 +159,10 @@ def pin(
     A pin that replaces a different one keeps it as hosts/previous/HOST.yaml: what
     `deploy --apply` (one host or all) puts the host back on when the new one fails its gate.
     """
-    resolved = settings.checked(stack)
+    locked = settings.locked(stack, allow_floating=True)  # the lock read once, handed down
+    resolved = locked.stack
     _check_inputs(volumes, models_dir, host_engine)  # before any record or registry is read
-    content_hash = settings.render(resolved).content_hash()
+    content_hash = settings.render_locked(locked).content_hash()
     record = load_record(settings.build_dir, stack, content_hash)
     repository = Registry.parse(registry).repository if registry else None
     trust = host_policy(hosts_folder(settings, hosts_dir))  # a bad policy: refused before all

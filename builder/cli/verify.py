@@ -156,7 +156,8 @@ def test_command(
 ) -> None:
     """Validate the stack's current image: static checks, JIT cache, smoke prompt."""
     proxy_ca = resolve_ca_bundle(ca_bundle)  # what builds were given: the image holds none of it
-    resolved = settings.checked(stack)
+    locked = settings.locked(stack, allow_floating=True)  # the lock read once, handed down
+    resolved = locked.stack
     given = _smoke_mounts(volumes, mounts)
     parsed = model_folder.with_models_folder(resolved, given, models_dir)
     model_dir = model_folder.locate(resolved, parsed).folder()
@@ -170,7 +171,7 @@ def test_command(
         model_folder.require(resolved, parsed, models_dir)
     smoke = _smoke_runner(engine, resolved, parsed, skipped, as_json, soak_s)
     report = validate(
-        engine, resolved, settings.render(resolved), settings.build_dir, proxy_ca, smoke
+        engine, resolved, settings.render_locked(locked), settings.build_dir, proxy_ca, smoke
     )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
