@@ -154,7 +154,7 @@ def deployed(
         api.images.remove(local_ref(STACK, content_hash), force=True)
     built = cli_process("build", STACK)
     record = load_record(workspace / "build", STACK, content_hash)
-    record.tests = "passed"  # what `sm120-stacks test` records when the image passes
+    record.static = "passed"  # what `sm120-stacks test` records when the image passes
     record.served = [served("cpu")]  # its CPU smoke (the pin gives it no GPU)
     save_record(workspace / "build", record)
     cli_process("push", STACK, "--registry", registry.host)
