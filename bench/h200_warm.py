@@ -12,8 +12,8 @@ check, builder/warm/key.py with the host's GPU and driver from nvidia-smi throug
 builder/engine/hostprobe.py); there is no registry or engine on that machine, so the artifact
 stays a folder there (the registry and engine path is tests/engine/test_warm.py's). Each
 `start` appends a line to $H200_ROOT/results/warm.jsonl: ready time, what the start wrote into
-live/ by kind (builder/warm/host.py compare, the proof `deploy` runs), FlashInfer modules built,
-and vLLM's JIT-monitor lines in the server log.
+live/ by kind (builder/warm/lifecycle.py compare, the proof `deploy` runs), FlashInfer modules
+built, and vLLM's JIT-monitor lines in the server log.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from pathlib import Path
 from builder.engine.hostprobe import gather
 from builder.spec.cache_volume import cache_volume
 from builder.warm import archive
-from builder.warm.host import compare
 from builder.warm.key import WarmKey, gpu_identity, model_of, parallel_shape, serve_identity
+from builder.warm.lifecycle import compare
 from builder.warm.volume import FileEntry, Listing
 
 ROOT = Path(os.environ.get("H200_ROOT", "/tmp/v033"))

@@ -64,17 +64,15 @@ def test_a_bundle_that_does_not_exist_is_an_error(stores: list[Path], tmp_path: 
 
 
 def _capture_build(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    from builder.cli import images as cli_stacks
-
     seen: dict[str, Any] = {}
 
     def build_stack(*args: Any) -> Any:
         seen["options"] = args[-1]
         raise StackError("stopped by the test")
 
-    monkeypatch.setattr(cli_stacks, "build_stack", build_stack)
+    monkeypatch.setattr("builder.image.make.build_stack", build_stack)
     monkeypatch.setattr("builder.engine.docker_adapter.connect_engine", lambda address: object())
-    monkeypatch.setattr(cli_stacks, "detect_build_client", lambda: object())
+    monkeypatch.setattr("builder.image.make.detect_build_client", lambda **memo: object())
     return seen
 
 

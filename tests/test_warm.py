@@ -14,8 +14,8 @@ from builder.engine.hostprobe import Gpu, HostFacts
 from builder.errors import StackError
 from builder.spec.cache_volume import cache_volume
 from builder.warm import archive
-from builder.warm.host import compare
 from builder.warm.key import WarmKey, gpu_identity, model_of, parallel_shape, serve_identity
+from builder.warm.lifecycle import compare
 from builder.warm.volume import FileEntry
 
 DIGEST = "sha256:" + "a" * 64
@@ -162,7 +162,7 @@ def test_the_proof_counts_new_files_by_kind_and_rewritten_ones() -> None:
 
 
 def test_require_warm_and_cold_are_refused_together() -> None:
-    from builder.hosts.warmth import WarmPolicy
+    from builder.hosts.warm_target import WarmPolicy
 
     with pytest.raises(StackError, match="ask for opposite things") as refused:
         WarmPolicy(require=True, cold=True)

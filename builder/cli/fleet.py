@@ -38,7 +38,7 @@ from builder.hosts.fleet import (
 )
 from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
 from builder.hosts.trustdrift import trust_drifts
-from builder.hosts.warmth import WarmPolicy, proof_of, restorer, warm_summary
+from builder.hosts.warm_target import WarmPolicy, proof_of, restorer, warm_summary
 from builder.spec.resolve import ResolvedStack
 
 EXIT_FAILED = 1
@@ -125,7 +125,7 @@ def deploy_pins(
 ) -> None:
     """Render each host's files (into out_of(pin)); with apply_now, roll them one host at a
     time (builder.hosts.fleet), stopping at the first failure. Each host's warm cache is
-    restored before its start and its start proved after its gates (builder.hosts.warmth).
+    restored before its start and its start proved after its gates (builder.hosts.warm_target).
     Exit status 1 when the roll stopped at a gate, 2 when at an error of the input (the
     restore refused, a pull that failed), as the error's own command would."""
     from builder.hosts.deploy import write_files

@@ -31,7 +31,7 @@ from builder.errors import StackError
 from builder.evidence.trust import TrustPolicy, host_policy
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, write_pin
 from builder.hosts.trustdrift import refuse_revoked
-from builder.hosts.warmth import WarmPolicy
+from builder.hosts.warm_target import WarmPolicy
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
 from builder.spec.mounts import DEFAULT_MODELS, models_mount, parse_mount

@@ -16,8 +16,8 @@ from builder.cli.keys import read_signing_key, signing_key_option
 from builder.engine.protocol import Engine
 from builder.hosts import remote
 from builder.hosts.pins import Pin, load_pin
-from builder.hosts.warmth import candidates, capture_pin, require_target
-from builder.warm.host import prove as prove_start
+from builder.hosts.warm_target import candidates, capture_pin, require_target
+from builder.warm.lifecycle import prove as prove_start
 
 EXIT_COMPILED = 1
 

@@ -169,7 +169,7 @@ def container_spec(pin: Pin) -> ContainerSpec:
 
 
 #: A step between the old container's removal and the new one's start (the warm-cache
-#: restore, hosts/warmth.py): what it did, in words, or None.
+#: restore, hosts/warm_target.py): what it did, in words, or None.
 BeforeStart = Callable[[Pin, Engine], "str | None"]
 
 

@@ -39,7 +39,7 @@ class Report:
     #: What was compared and found as pinned (names), for the summary.
     clean: list[str] = field(default_factory=list)
     prerequisites: list[Finding] = field(default_factory=list)
-    #: Warm or cold, and what the server compiled since its start (hosts/warmth.py); None:
+    #: Warm or cold, and what the server compiled since its start (hosts/warm_target.py); None:
     #: the pin has no cache volume or nothing runs.
     warm: str | None = None
 

@@ -32,7 +32,7 @@ from builder.hosts.superseded import remove_superseded
 from builder.spec.resolve import ResolvedStack
 from builder.verify.smoke import run_smoke_url
 from builder.verify.smoke_report import Check
-from builder.warm.host import Proof
+from builder.warm.lifecycle import Proof
 
 #: What a host came to: deployed and passed its gate; failed (and what happened after).
 OK = "ok"
@@ -349,7 +349,7 @@ def _failures(checks: Sequence[Check]) -> str:
 
 
 def warm_gate(prove: Callable[[Pin, Engine], Proof | None], require: bool) -> Gate:
-    """What the server compiled since its start (builder/warm/host.py prove), once it is
+    """What the server compiled since its start (builder/warm/lifecycle.py prove), once it is
     healthy and smoked: reported always; with require, a cold start or any compile fails."""
 
     def gate(pin: Pin, engine: Engine) -> GateResult:

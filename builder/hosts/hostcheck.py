@@ -1,7 +1,7 @@
 """Host prerequisites of a GPU serving host: engine, NVIDIA driver, GPUs, container runtime.
 
 Shared by `verify` (prerequisites are one kind of drift) and `doctor` (prerequisites alone, each
-failure with its fix). The facts come from `image.hostprobe`, the one probe every GPU question
+failure with its fix). The facts come from `engine.hostprobe`, the one probe every GPU question
 goes through; this module only judges them against what a stack needs.
 """
 

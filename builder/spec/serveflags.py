@@ -16,7 +16,7 @@ from typing import Any
 
 from builder.spec.manifest import Serve
 
-Engine = str
+ServeEngine = str
 #: vLLM's attention backend option, and the attention config whose `backend` key names it too
 #: (vllm/engine/arg_utils.py).
 BACKEND_OPTION = "--attention-backend"
@@ -41,7 +41,7 @@ class ServeFlag:
     flag: str
     #: Other spellings of the same option (short forms, negations, shorthands of its keys).
     aliases: tuple[str, ...] = ()
-    engines: tuple[Engine, ...] = ("vllm",)
+    engines: tuple[ServeEngine, ...] = ("vllm",)
     #: The option's words for a value; none for a value that leaves vLLM's default.
     words: Callable[[str, Any], list[str]] | None = None
     #: What to write instead, when the option shows up in serve.extra_args.
@@ -91,7 +91,7 @@ SERVE_FLAGS: tuple[ServeFlag, ...] = (
     ServeFlag("attention_backend", BACKEND_OPTION),
 )
 #: Options every serve command passes that no setting names, with what to do instead.
-FIXED_OPTIONS: dict[Engine, dict[str, str]] = {
+FIXED_OPTIONS: dict[ServeEngine, dict[str, str]] = {
     "transformers": {
         "--host": "the serve command listens on 0.0.0.0; choose the address where the port is "
         "published",
@@ -103,7 +103,7 @@ FIXED_OPTIONS["vllm"] = {
 }
 
 
-def command_options(engine: Engine) -> dict[str, str]:
+def command_options(engine: ServeEngine) -> dict[str, str]:
     """Every option the engine's serve command passes itself, with what to write instead."""
     options = dict(FIXED_OPTIONS[engine])
     for flag in SERVE_FLAGS:

@@ -12,7 +12,7 @@ from builder.errors import ToolMissing
 
 def gpu_missing_reason(engine: Engine, probe: Probe | None = None) -> str | None:
     """Why a GPU container cannot start on the engine's host, or None when it can: the host
-    probe's answer (`image.hostprobe`), the same one `doctor` gives."""
+    probe's answer (`engine.hostprobe`), the same one `doctor` gives."""
     return hostprobe.gpu_missing_reason(hostprobe.gather(engine, None, probe))
 
 

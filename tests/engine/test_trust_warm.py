@@ -26,10 +26,10 @@ from builder.evidence.keys import generate_key_pair, load_signing_key
 from builder.evidence.oci import ArtifactStore
 from builder.hosts.pins import Pin
 from builder.hosts.remote import connect
-from builder.hosts.warmth import host_facts, target_of
+from builder.hosts.warm_target import host_facts, target_of
 from builder.spec.cache_volume import cache_volume
 from builder.warm import archive, artifact, signed
-from builder.warm.host import host_key
+from builder.warm.lifecycle import host_key
 from builder.warm.volume import open_volume
 from tests.engine.test_warm import _kernel, _serve, _tar_of, hosts, served_image
 

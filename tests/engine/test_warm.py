@@ -25,11 +25,11 @@ from builder.errors import StackError
 from builder.evidence.oci import ArtifactStore
 from builder.hosts.pins import CACHE_ENV, CACHE_TARGET, LABEL_HOST, PIN_SCHEMA, Pin, write_pin
 from builder.hosts.remote import connect
-from builder.hosts.warmth import host_facts, target_of
+from builder.hosts.warm_target import host_facts, target_of
 from builder.image.registry import Registry
 from builder.spec.cache_volume import cache_volume
 from builder.warm import archive, artifact
-from builder.warm.host import host_key, restore
+from builder.warm.lifecycle import host_key, restore
 from builder.warm.volume import VolumeAccess, open_volume
 from tests.engine.conftest import RUN, pushed_local_base, unique
 from tests.support.health import wait_healthy

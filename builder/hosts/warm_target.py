@@ -1,5 +1,5 @@
 """A pin's warm caches: the pin seen as builder.warm's target, restored before each start,
-proved after each start (builder/warm/host.py says how).
+proved after each start (builder/warm/lifecycle.py says how).
 
 Kept apart from deploy.py so that rendering a pin's files never needs a registry: only a
 deploy that starts a container, `cache capture` and `verify` reach for the artifacts.
@@ -23,7 +23,8 @@ from builder.spec.cache_volume import cache_volume
 from builder.warm import artifact
 from builder.warm.archive import CapturedFile
 from builder.warm.artifact import Found
-from builder.warm.host import (
+from builder.warm.key import WarmKey
+from builder.warm.lifecycle import (
     Proof,
     RestoreResult,
     WarmTarget,
@@ -32,7 +33,6 @@ from builder.warm.host import (
     prove,
     restore,
 )
-from builder.warm.key import WarmKey
 from builder.warm.ranks import held_ranks, missing_ranks
 from builder.warm.volume import open_volume
 
