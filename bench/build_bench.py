@@ -39,8 +39,8 @@ from pathlib import Path
 from builder import REPO_ROOT
 from builder.image.buildclient import detect_build_client
 from builder.image.names import local_ref
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 
 CLI = [sys.executable, "-m", "builder"]
 

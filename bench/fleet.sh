@@ -67,8 +67,8 @@ import sys
 from pathlib import Path
 from builder.image.records import load_record, save_record
 from builder.render.context import render
-from builder.spec.resolve import resolve
-from builder.spec.substitute import Substitutions
+from builder.manifest.resolve import resolve
+from builder.manifest.substitute import Substitutions
 work, stack, sub = Path(sys.argv[1]), sys.argv[2], Substitutions.parse([sys.argv[4]])
 content_hash = render(resolve(stack, work / "stacks", sub)).content_hash()
 record = load_record(work / "build", stack, content_hash)

@@ -23,8 +23,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from builder import REPO_ROOT
+from builder.manifest.resolve import resolve, stack_names
 from builder.render.context import render
-from builder.spec.resolve import resolve, stack_names
 
 PIP_PLATFORMS = ["manylinux_2_28", "manylinux_2_17", "manylinux2014", "linux"]
 PIN = re.compile(r"^([A-Za-z0-9._-]+)==(\S+)", re.M)

@@ -231,8 +231,8 @@ def manifest_served(repository: str, tag: str) -> bool:
 
 
 def content_hash(work: Path) -> str:
+    from builder.manifest.resolve import resolve
     from builder.render.context import render
-    from builder.spec.resolve import resolve
 
     return render(resolve(STACK, work / "stacks")).content_hash()
 

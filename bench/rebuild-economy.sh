@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from builder.image.names import content_tag
 from builder.render.context import render
-from builder.spec.resolve import resolve
+from builder.manifest.resolve import resolve
 name = sys.argv[1]
 content_hash = render(resolve(name, Path("stacks"))).content_hash()
 print(Path("build") / name / "logs" / f"{content_tag(name, content_hash)}.log")

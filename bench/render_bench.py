@@ -29,9 +29,9 @@ from click.testing import CliRunner
 from builder import REPO_ROOT
 from builder.cli.main import cli
 from builder.lock import reading
+from builder.manifest.check import check_stack
+from builder.manifest.resolve import resolve, stack_names
 from builder.render.context import render
-from builder.spec.check import check_stack
-from builder.spec.resolve import resolve, stack_names
 
 REAL = REPO_ROOT / "stacks"
 

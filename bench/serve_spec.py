@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import sys
 
+from builder.manifest.resolve import resolve
 from builder.render.context import template_context
-from builder.spec.resolve import resolve
 from builder.verify.compiles import smoke_environment
 
 

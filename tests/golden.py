@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder import REPO_ROOT
+from builder.manifest.resolve import resolve, stack_names
 from builder.render.context import render
-from builder.spec.resolve import resolve, stack_names
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 STACKS = REPO_ROOT / "stacks"

@@ -28,7 +28,7 @@ PROXY = REPO_ROOT / "templates" / "tools" / "auth_proxy.py"
 
 
 def _pinned(run_cli: Callable[..., Result], stacks_dir: Path, *args: str) -> Result:
-    from builder.spec.resolve import resolve
+    from builder.manifest.resolve import resolve
 
     _tested_and_pushed(stacks_dir.parent / "build", resolve(STACK, stacks_dir))
     return run_cli("pin", "gpu-node-07", STACK, *args, stacks_dir=stacks_dir)

@@ -17,9 +17,9 @@ from builder.image.build import BuildOptions, build_argv
 from builder.image.buildclient import BuildClient
 from builder.lock.inputs import flatten, lock_inputs
 from builder.lock.uv_compile import UV_PLATFORMS
+from builder.manifest.resolve import resolve
+from builder.manifest.substitute import Substitutions
 from builder.render.context import render
-from builder.spec.resolve import resolve
-from builder.spec.substitute import Substitutions
 from tests.conftest import STACKS
 
 ARM64_CUDA_BASE = "local/cuda:13.0.2-devel-bookworm-arm64"

@@ -1,4 +1,4 @@
-"""The FlashInfer modules a stack's serve settings select (builder/spec/servepath.py over
+"""The FlashInfer modules a stack's serve settings select (builder/manifest/servepath.py over
 knowledge/attention_routes.yaml): the attention route per vLLM version, GPU and KV cache dtype,
 the sampler from its variable, module names spelled as FlashInfer spells them, and a located
 exit-2 error where a route needs a model fact the manifest lacks."""
@@ -16,13 +16,13 @@ import yaml
 from click.testing import Result
 
 from builder.errors import StackError
+from builder.manifest.jitmodules import jit_modules_known
+from builder.manifest.model import OPTIONAL_MODEL_FACTS, Model, Speculative
+from builder.manifest.resolve import jit_module_table, resolve
+from builder.manifest.serve import serve_argv
+from builder.manifest.serveflags import command_options
+from builder.manifest.vllm_argv import attention_backend_option
 from builder.render.context import render
-from builder.spec.jitmodules import jit_modules_known
-from builder.spec.manifest import OPTIONAL_MODEL_FACTS, Model, Speculative
-from builder.spec.resolve import jit_module_table, resolve
-from builder.spec.serve import serve_argv
-from builder.spec.serveflags import command_options
-from builder.spec.vllm_argv import attention_backend_option
 from tests.conftest import STACKS
 
 # FlashInfer's get_batch_prefill_uri (flashinfer/jit/attention/modules.py, 0.6.5 and

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from click.testing import Result
 
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 from tests.support.served import served_json
 
 #: A stack without a lock renders in milliseconds; the lock cases use a locked one.

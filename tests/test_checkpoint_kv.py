@@ -12,8 +12,8 @@ import pytest
 from click.testing import Result
 
 from builder.errors import StackError
-from builder.spec.checkpoint import check_checkpoint, checkpoint_kv_dtype
-from builder.spec.resolve import resolve
+from builder.manifest.checkpoint import check_checkpoint, checkpoint_kv_dtype
+from builder.manifest.resolve import resolve
 
 MODELOPT = {
     "producer": {"name": "modelopt"},

@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from builder import REPO_ROOT
 from builder.cli.app import Terminated, _raise_terminated, user_errors
 from builder.cli.main import cli
-from builder.spec.resolve import stack_names
+from builder.manifest.resolve import stack_names
 from tests.conftest import STACKS
 
 

@@ -255,8 +255,8 @@ def test_pin_and_test_take_the_model_folder_alike(
 ) -> None:
     """--models DIR is DIR:/models:ro in both: the smoke's mount and the pinned server's."""
     from builder.hosts.pins import load_pin
-    from builder.spec.mounts import DEFAULT_MODELS
-    from builder.spec.resolve import resolve
+    from builder.manifest.mounts import DEFAULT_MODELS
+    from builder.manifest.resolve import resolve
     from tests.test_hosts import STACK, _tested_and_pushed
 
     _tested_and_pushed(tmp_path / "build", resolve(STACK, stacks_dir))

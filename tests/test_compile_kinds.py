@@ -5,7 +5,7 @@ one and `flashinfer_jit` in the other, `inductor` in one only."""
 
 from __future__ import annotations
 
-from builder.spec.cache_volume import Folder, Within, cache_volume
+from builder.manifest.cache_volume import Folder, Within, cache_volume
 from builder.verify.compiles import compile_kinds, compile_vocabulary, vocabulary_mismatches
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.spec.device_code import device_code_knowledge, gpu_targets
-from builder.spec.resolve import resolve
+from builder.manifest.device_code import device_code_knowledge, gpu_targets
+from builder.manifest.resolve import resolve
 from builder.verify import fatbin
 from builder.verify.device_code import finding_rows, scan_command, scan_config
 from tests.support import fatbin_elf as elf

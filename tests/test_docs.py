@@ -139,8 +139,8 @@ def test_the_commands_are_what_ci_runs() -> None:
 def test_the_front_door_follows_the_rules() -> None:
     """Every stack the README tells a GPU host to `make stack` passes every rule, and serves
     the model the README has it download (issue 33: the front door once met an open crash)."""
-    from builder.spec.check import check_stack
-    from builder.spec.resolve import resolve
+    from builder.manifest.check import check_stack
+    from builder.manifest.resolve import resolve
 
     readme = (REPO_ROOT / "README.md").read_text()
     doors = set(re.findall(r"make stack STACK=([\w.-]+)", readme)) - {"ci-mini"}
@@ -153,7 +153,7 @@ def test_the_front_door_follows_the_rules() -> None:
 
 
 def _newest_generation() -> str:
-    from builder.spec.resolve import resolve, stack_names
+    from builder.manifest.resolve import resolve, stack_names
 
     stacks = REPO_ROOT / "stacks"
     versions = []

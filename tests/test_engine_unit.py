@@ -35,7 +35,7 @@ from builder.image.registry import (
     is_transient_message,
     push,
 )
-from builder.spec.substitute import ENV_VAR as SUBSTITUTE_ENV
+from builder.manifest.substitute import ENV_VAR as SUBSTITUTE_ENV
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE_ID = "sha256:" + "cd" * 32

@@ -24,8 +24,8 @@ from builder.errors import EngineError, OperationFailed, StackError, ToolMissing
 from builder.image.build import stack_dir_lock
 from builder.image.records import Record, save_record
 from builder.image.registry import Registry, push
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 from tests.support.served import SERVED_GPU, served
 
 STACK = "faults"

@@ -32,8 +32,8 @@ from builder.image.buildcache import INLINE_CACHE_ARG, CacheSettings, cache_argv
 from builder.image.buildclient import BuildClient
 from builder.image.records import Record, load_record, save_record
 from builder.image.registry import Registry
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 from tests.support.served import SERVED_GPU, served
 
 STACK = "vllm-0.22-marlin"
@@ -216,7 +216,7 @@ def test_a_remote_engine_is_probed_there_not_here() -> None:
 def test_max_jobs_auto_sizes_for_the_engines_machine() -> None:
     from builder.engine.protocol import EngineHost
     from builder.image.jobs import auto_max_jobs
-    from builder.spec.resolve import resolve
+    from builder.manifest.resolve import resolve
     from tests.conftest import STACKS
 
     stack = resolve("vllm-0.33-b12x", STACKS)  # fp4_gemm_cutlass_sm120: ~7 GB a job

@@ -16,7 +16,7 @@ from builder.lock.inputs import floating_bases
 from builder.lock.lockfile import LockedBases
 from builder.lock.reading import read_lock
 from builder.lock.writing import write_lock
-from builder.spec.resolve import resolve, stack_names
+from builder.manifest.resolve import resolve, stack_names
 from tests.conftest import STACKS
 
 REAL = [n for n in stack_names(STACKS) if not n.startswith("ci-mini")]

@@ -38,8 +38,8 @@ from builder.lock.lockfile import Lock, LockedBase
 from builder.lock.reading import current_lock, read_lock
 from builder.lock.uv_compile import parse_compiled
 from builder.lock.writing import write_lock
+from builder.manifest.resolve import ResolvedStack, resolve
 from builder.render.context import render
-from builder.spec.resolve import ResolvedStack, resolve
 from tests.support.locks import lock_of
 from tests.support.served import SERVED_GPU, served
 
@@ -592,7 +592,7 @@ def test_doctor_cli_reports_each_failure_with_its_fix(
 
 
 def test_a_site_substitution_keeps_the_lock_and_wins_over_its_digest(stacks_dir: Path) -> None:
-    from builder.spec.substitute import Substitutions
+    from builder.manifest.substitute import Substitutions
 
     stack = resolve(STACK, stacks_dir)
     write_lock(lock_path(stack), _lock_for(stack))

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from builder.manifest.resolve import jit_modules_known, resolve, stack_names
 from builder.render.context import flashinfer_version
-from builder.spec.resolve import jit_modules_known, resolve, stack_names
 from tests.conftest import STACKS
 from tests.support.wheels import pinned_wheel
 

@@ -29,15 +29,15 @@ from click.testing import Result
 
 from builder.engine.protocol import Container, ContainerSpec
 from builder.errors import StackError
-from builder.spec.knowledge import KNOWLEDGE_DIR
-from builder.spec.resolve import ResolvedStack, resolve
-from builder.spec.runtime_caches import (
+from builder.manifest.knowledge import KNOWLEDGE_DIR
+from builder.manifest.resolve import ResolvedStack, resolve
+from builder.manifest.runtime_caches import (
     KNOWLEDGE_FILE,
     cache_layouts,
     group_patterns,
     layouts_of,
 )
-from builder.spec.yamlsafe import load_yaml
+from builder.manifest.yamlsafe import load_yaml
 from builder.verify import report as reports
 from builder.verify.compiles import find_compiles
 from builder.verify.kernel_cache import classify

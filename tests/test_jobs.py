@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from builder.image.jobs import available_memory_gb, jobs_for, peak_per_job_gb
-from builder.spec.resolve import resolve
+from builder.manifest.resolve import resolve
 from tests.conftest import STACKS
 
 

@@ -131,7 +131,7 @@ def test_lock_writes_nothing_when_the_registry_refuses(
 def test_lock_says_loudly_when_a_base_stays_unpinned(
     stacks_dir: Path, run_cli: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from builder.spec.resolve import resolve
+    from builder.manifest.resolve import resolve
 
     made = _lock_for(resolve(STACK, stacks_dir))
     unpinned = LockedBase(image=IMAGE, note="NOT PINNED: registry not reachable (dial tcp)")

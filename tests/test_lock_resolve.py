@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from builder.lock.uv_compile import make_lock
-from builder.spec.resolve import resolve
+from builder.manifest.resolve import resolve
 
 #: Asks the real package index (PyPI): skipped loudly where it does not answer.
 pytestmark = pytest.mark.network

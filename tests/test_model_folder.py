@@ -11,7 +11,7 @@ from click.testing import Result
 
 from builder.errors import StackError
 from builder.hosts.pins import DEFAULT_MODELS as PIN_MODELS
-from builder.spec.resolve import resolve
+from builder.manifest.resolve import resolve
 from builder.verify import model_folder
 
 HUB_STACK = """extends: ci-mini

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.spec.resolve import resolve, stack_names
+from builder.manifest.resolve import resolve, stack_names
 from builder.verify.expectations import added_lines
 from tests.conftest import STACKS
 from tests.support.wheels import pinned_wheel

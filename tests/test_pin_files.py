@@ -23,7 +23,7 @@ from builder.hosts import container, deploy
 from builder.hosts.hostcheck import check, requirements_for
 from builder.hosts.pins import PIN_SCHEMA, Pin, PinOptions, load_pin, make_pin, write_pin
 from builder.image.records import load_record
-from builder.spec.resolve import resolve
+from builder.manifest.resolve import resolve
 from tests.support.served import SERVED_GPU
 from tests.test_hosts import _pin, _probe, _tested_and_pushed
 

@@ -18,7 +18,7 @@ from builder.engine.docker_adapter import parse_progress_stream
 from builder.engine.progress import LayerProgress, Progress, StepTracker, Throttle
 from builder.engine.protocol import LayerEvent
 from builder.hosts.fleet import health_gate
-from builder.spec.resolve import resolve
+from builder.manifest.resolve import resolve
 from builder.verify import soak_load
 from builder.verify.smoke import LiveServer, run_smoke_url
 from builder.verify.smoke_report import SmokeReport

@@ -18,8 +18,8 @@ from builder.image.buildclient import BuildClient
 from builder.image.distribute import push_stack
 from builder.image.records import Record, load_record, save_record
 from builder.image.registry import Registry
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 
 
 def test_a_new_image_under_the_same_hash_is_untested_and_unpushed(tmp_path: Path) -> None:

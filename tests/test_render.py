@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from builder import REPO_ROOT
+from builder.manifest.resolve import resolve, stack_names
 from builder.render.context import render, template_context, write_context
-from builder.spec.resolve import resolve, stack_names
 from tests.golden import GOLDEN_DIR, STACKS, rendered_dockerfile
 
 ALL_STACKS = stack_names(STACKS)
@@ -31,7 +31,7 @@ def test_golden_dockerfile(name: str) -> None:
 def _hash_in_subprocess(env: dict[str, str]) -> str:
     code = (
         "from builder.render.context import render;"
-        "from builder.spec.resolve import resolve, stack_names;"
+        "from builder.manifest.resolve import resolve, stack_names;"
         "from tests.golden import STACKS;"
         "print(*[n + ' ' + render(resolve(n, STACKS)).content_hash() for n in stack_names(STACKS)])"
     )

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from builder.errors import StackError
+from builder.manifest.resolve import resolve
 from builder.render.context import render, write_context
 from builder.render.digests import DigestCache
-from builder.spec.resolve import resolve
 from tests.golden import STACKS
 
 WHEEL = "tiny-1.0-py3-none-any.whl"

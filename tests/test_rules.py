@@ -13,10 +13,10 @@ from packaging.specifiers import SpecifierSet
 from builder import REPO_ROOT
 from builder.lock.inputs import lock_path
 from builder.lock.reading import read_lock
-from builder.spec.archflags import derive
-from builder.spec.check import check_stack
-from builder.spec.resolve import resolve, rule_facts, stack_names
-from builder.spec.rules import Affects, Rule, affected, evaluate, load_rules, retired_by
+from builder.manifest.archflags import derive
+from builder.manifest.check import check_stack
+from builder.manifest.resolve import resolve, rule_facts, stack_names
+from builder.manifest.rules import Affects, Rule, affected, evaluate, load_rules, retired_by
 from tests.conftest import STACKS
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.spec.runtime_caches import (
+from builder.manifest.runtime_caches import (
     cache_layouts,
 )
 from builder.verify.compiles import compile_kinds, find_compiles, find_events
@@ -367,7 +367,7 @@ def test_the_h200_logs_are_judged_as_recorded(name: str) -> None:
 
 def test_the_h200_control_run_names_each_flashinfer_module_it_built() -> None:
     """Without the image's cache, vLLM 0.22.1 built the three modules the stack precompiles."""
-    from builder.spec.resolve import resolve
+    from builder.manifest.resolve import resolve
     from tests.conftest import STACKS
 
     text = (FIXTURES / "h200-graphs-nofi-warm.log").read_text()
@@ -418,7 +418,7 @@ def test_a_033_smoke_watches_every_layout_each_as_its_own_kind(tmp_path: Path) -
     environment kept from an earlier start is a miss there (its entries/ are listed)."""
     import os
 
-    from builder.spec.resolve import resolve
+    from builder.manifest.resolve import resolve
     from tests.conftest import STACKS
 
     volume = tmp_path / "flashinfer"  # FLASHINFER_WORKSPACE_BASE of the server

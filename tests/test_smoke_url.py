@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from builder import REPO_ROOT
-from builder.spec.resolve import resolve
+from builder.manifest.resolve import resolve
 from builder.verify.smoke import run_smoke_url
 from builder.verify.smoke_judge import server_log_path
 from builder.verify.smoke_report import CHECK_ANSWER, CHECK_JIT, CHECK_UP

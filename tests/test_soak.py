@@ -16,7 +16,7 @@ import pytest
 from click.testing import Result
 
 from builder import REPO_ROOT
-from builder.spec.resolve import ResolvedStack, resolve
+from builder.manifest.resolve import ResolvedStack, resolve
 from builder.verify.smoke import LiveServer
 from builder.verify.smoke_report import SmokeReport
 from builder.verify.soak import run_soak

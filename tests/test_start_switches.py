@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from builder.errors import StackError
-from builder.spec.checkpoint import check_checkpoint_rules
-from builder.spec.knowledge import read_knowledge
-from builder.spec.resolve import resolve, stack_names
+from builder.manifest.checkpoint import check_checkpoint_rules
+from builder.manifest.knowledge import read_knowledge
+from builder.manifest.resolve import resolve, stack_names
 from tests.conftest import STACKS
 
 

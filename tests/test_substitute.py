@@ -10,9 +10,9 @@ from click.testing import Result
 
 from builder.errors import StackError
 from builder.image.names import image_labels
+from builder.manifest.resolve import resolve
+from builder.manifest.substitute import Substitutions
 from builder.render.context import render
-from builder.spec.resolve import resolve
-from builder.spec.substitute import Substitutions
 from tests.conftest import STACKS
 
 LOCAL = "local/cuda:13.0.2-devel-bookworm"

@@ -47,8 +47,8 @@ from builder.hosts.topology import (
     read_topology,
     serve_of,
 )
-from builder.spec.knowledge import KNOWLEDGE_DIR
-from builder.spec.yamlsafe import load_yaml
+from builder.manifest.knowledge import KNOWLEDGE_DIR
+from builder.manifest.yamlsafe import load_yaml
 from tests.test_hosts import _pin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"

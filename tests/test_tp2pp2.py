@@ -21,9 +21,9 @@ from click.testing import Result
 from builder import REPO_ROOT
 from builder.hosts.pins import PinOptions, load_pin, make_pin, write_pin
 from builder.image.records import load_record
+from builder.manifest.resolve import resolve
+from builder.manifest.serve import serve_argv
 from builder.render.context import render
-from builder.spec.resolve import resolve
-from builder.spec.serve import serve_argv
 from tests import test_topology
 from tests.golden import STACKS
 from tests.test_hosts import _tested_and_pushed

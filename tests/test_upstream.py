@@ -20,10 +20,10 @@ from builder.errors import StackError
 from builder.lock.inputs import lock_path
 from builder.lock.lockfile import Lock
 from builder.lock.writing import write_lock
-from builder.spec import knowledge, rules
-from builder.spec.check import check_stack
-from builder.spec.resolve import ResolvedStack, resolve
-from builder.spec.yamlsafe import load_yaml
+from builder.manifest import knowledge, rules
+from builder.manifest.check import check_stack
+from builder.manifest.resolve import ResolvedStack, resolve
+from builder.manifest.yamlsafe import load_yaml
 from builder.upstream.index import IndexClient
 from builder.upstream.releases import classify, newer
 from tests.support.index_server import FIXTURES, Served, index_server, wheel_bytes

@@ -21,8 +21,8 @@ import pytest
 
 from builder.engine.hostprobe import Gpu, HostFacts
 from builder.errors import StackError
-from builder.spec.cache_volume import cache_volume
-from builder.warm import archive, host, ranks
+from builder.manifest.cache_volume import cache_volume
+from builder.warm import archive, lifecycle, ranks
 from builder.warm.artifact import files_document
 from builder.warm.key import canonical
 
@@ -142,7 +142,7 @@ def test_restore_refuses_before_touching_the_volume(
     host_gpus: int, pinned: list[int] | None
 ) -> None:
     """One H200 for a TP2 x PP2 command, or four whose pin gives the container two."""
-    target = host.WarmTarget(
+    target = lifecycle.WarmTarget(
         host="gpu-node-07",
         image="127.0.0.1:5000/sm120-stacks@sha256:" + "a" * 64,
         volume="sm120-stacks-cache",
@@ -152,13 +152,13 @@ def test_restore_refuses_before_touching_the_volume(
     )
     engine, store = _NoEngine(), _NoEngine()
     with pytest.raises(StackError, match=r"= 4 workers, one GPU each, but the container gets"):
-        host.restore(engine, store, target, _facts(host_gpus))  # type: ignore[arg-type]
+        lifecycle.restore(engine, store, target, _facts(host_gpus))  # type: ignore[arg-type]
 
 
 def test_a_host_whose_gpus_could_not_be_read_is_not_refused_by_count() -> None:
     """nvidia-smi missing there: the count is unknown, not zero; the restore goes on (its key,
     with no GPU in it, then matches no four-GPU artifact: a cold start)."""
-    target = host.WarmTarget(
+    target = lifecycle.WarmTarget(
         host="gpu-node-07",
         image="127.0.0.1:5000/sm120-stacks@sha256:" + "a" * 64,
         volume="sm120-stacks-cache",
@@ -168,9 +168,9 @@ def test_a_host_whose_gpus_could_not_be_read_is_not_refused_by_count() -> None:
     )
     unread = HostFacts(None, (), "nvidia-smi is not on PATH", (), None)
     with pytest.raises(AssertionError, match="the engine was used"):
-        host.restore(_NoEngine(), _NoEngine(), target, unread)  # type: ignore[arg-type]
+        lifecycle.restore(_NoEngine(), _NoEngine(), target, unread)  # type: ignore[arg-type]
     pinned_none = HostFacts(None, (), "the pin gives the container no GPU", (), None)
     with pytest.raises(StackError, match="the container gets 0 GPU"):
-        host.restore(  # type: ignore[arg-type]
+        lifecycle.restore(  # type: ignore[arg-type]
             _NoEngine(), _NoEngine(), replace(target, gpu_indices=[]), pinned_none
         )

@@ -27,12 +27,12 @@ from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
 from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
 from builder.image.registry import REGISTRY_ENV
 from builder.lock.locked import LockedStack, lock_stack, require_pinned_bases
+from builder.manifest.check import check_stack, violation_error
+from builder.manifest.resolve import ResolvedStack, resolve
+from builder.manifest.substitute import ENV_VAR as SUBSTITUTE_ENV
+from builder.manifest.substitute import Substitutions
 from builder.render.context import RenderedContext, render_locked
 from builder.render.digests import DigestCache
-from builder.spec.check import check_stack, violation_error
-from builder.spec.resolve import ResolvedStack, resolve
-from builder.spec.substitute import ENV_VAR as SUBSTITUTE_ENV
-from builder.spec.substitute import Substitutions
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -18,8 +18,8 @@ from builder.errors import StackError
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding, Requirements, check, requirements_for
 from builder.hosts.pins import Pin, load_pin, pin_path
-from builder.spec.serve import serve_argv
-from builder.spec.yamlsafe import load_yaml
+from builder.manifest.serve import serve_argv
+from builder.manifest.yamlsafe import load_yaml
 
 
 @cli.command()

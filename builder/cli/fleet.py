@@ -39,7 +39,7 @@ from builder.hosts.fleet import (
 from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
 from builder.hosts.trustdrift import trust_drifts
 from builder.hosts.warm_target import WarmPolicy, proof_of, restorer, warm_summary
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 
 EXIT_FAILED = 1
 

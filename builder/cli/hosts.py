@@ -34,7 +34,7 @@ from builder.hosts.trustdrift import refuse_revoked
 from builder.hosts.warm_target import WarmPolicy
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
-from builder.spec.mounts import DEFAULT_MODELS, models_mount, parse_mount
+from builder.manifest.mounts import DEFAULT_MODELS, models_mount, parse_mount
 
 EXIT_DRIFT = 1
 

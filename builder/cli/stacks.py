@@ -21,11 +21,11 @@ from builder.image.names import HASH_CHARS
 from builder.image.records import Record, load_record, record_path
 from builder.image.uptodate import fingerprint
 from builder.lock.locked import lock_stack, require_pinned_bases
+from builder.manifest.check import check_stack, violation_error
+from builder.manifest.model import Manifest
+from builder.manifest.resolve import stack_names
+from builder.manifest.rules import Violation
 from builder.render.context import write_context
-from builder.spec.check import check_stack, violation_error
-from builder.spec.manifest import Manifest
-from builder.spec.resolve import stack_names
-from builder.spec.rules import Violation
 
 
 @cli.command("list")

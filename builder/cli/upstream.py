@@ -21,7 +21,7 @@ from builder.cli.app import Settings, ca_bundle_option, cli, out, pass_settings,
 from builder.engine.protocol import Engine
 from builder.errors import OperationFailed, StackError, ToolMissing
 from builder.image.cabundle import resolve_ca_bundle
-from builder.spec.resolve import stack_names
+from builder.manifest.resolve import stack_names
 from builder.upstream.diff import Change, StackDiff, diff_stacks
 from builder.upstream.index import IndexClient
 from builder.upstream.outdated import Outdated, Row, outdated

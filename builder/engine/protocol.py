@@ -115,7 +115,7 @@ class Container(Protocol):
 
 @dataclass(frozen=True)
 class Mount:
-    """The one mount type: what `--volume` parses (spec/mounts.py), what a pin holds
+    """The one mount type: what `--volume` parses (manifest/mounts.py), what a pin holds
     (hosts/pins.py, its YAML fields are these three) and what every rendering of a pin reads
     (hosts/container.py). `kind` is the one place that says which mounts are binds, so compose,
     the unit, the SDK, Kubernetes and drift cannot disagree (tests/test_mount_rule.py)."""

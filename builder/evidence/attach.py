@@ -33,8 +33,8 @@ from builder.image.names import local_ref
 from builder.image.records import Record, ServedVerdict
 from builder.image.registry import Registry
 from builder.lock.lockfile import Lock
+from builder.manifest.resolve import ResolvedStack
 from builder.render.context import JIT_WORKSPACE, RenderedContext
-from builder.spec.resolve import ResolvedStack
 
 #: How each document reached the registry (registry_http: tls-verified, tls-unverified or
 #: plain-http), so a reader sees where the user allowed less than verified TLS.

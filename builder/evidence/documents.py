@@ -25,7 +25,7 @@ from pydantic import ConfigDict, Field, model_validator
 from builder.image.names import source_revision
 from builder.image.records import Record
 from builder.image.verdicts import Verdicts
-from builder.spec.strict import Strict
+from builder.manifest.strict import Strict
 
 VERDICT_TYPE = "application/vnd.sm120-stacks.verdict.v1+json"
 SBOM_TYPE = "application/vnd.cyclonedx+json"

@@ -19,8 +19,8 @@ from builder.evidence.oci import Descriptor
 from builder.image.distribute import Pushed, abandon_push, finish_push, push_stack
 from builder.image.records import load_record
 from builder.image.registry import Registry
+from builder.manifest.resolve import ResolvedStack
 from builder.render.context import RenderedContext
-from builder.spec.resolve import ResolvedStack
 
 
 @dataclass(frozen=True)

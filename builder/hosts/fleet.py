@@ -29,7 +29,7 @@ from builder.hosts.deploy import BeforeStart, apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
 from builder.hosts.superseded import remove_superseded
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 from builder.verify.smoke import run_smoke_url
 from builder.verify.smoke_report import Check
 from builder.warm.lifecycle import Proof

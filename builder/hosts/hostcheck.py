@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from builder.engine.hostprobe import RUNTIME_FIX, HostFacts
-from builder.spec.archflags import capabilities
+from builder.manifest.archflags import capabilities
 
 DRIVER_FIX = "install the NVIDIA driver{need} (e.g. `apt-get install nvidia-driver`), then reboot"
 

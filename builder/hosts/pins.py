@@ -32,16 +32,22 @@ from builder.files import write_atomic
 from builder.hosts.hostcheck import Requirements, requirements_for
 from builder.image.names import local_ref
 from builder.image.records import CPU, Record, require_tested
-from builder.spec import imageref
-from builder.spec.archflags import capabilities
-from builder.spec.cache_volume import cache_volume
-from builder.spec.knowledge import parse_document
-from builder.spec.manifest import ExactVersion, Identifier, SafeText, ServeArg, Sha256, Slug
-from builder.spec.mounts import DEFAULT_MODELS, MODELS_TARGET, checked, models_mount, parse_mount
-from builder.spec.resolve import ResolvedStack
-from builder.spec.serve import serve_argv
-from builder.spec.strict import Strict
-from builder.spec.yamlsafe import YamlDocument, load_yaml
+from builder.manifest import imageref
+from builder.manifest.archflags import capabilities
+from builder.manifest.cache_volume import cache_volume
+from builder.manifest.knowledge import parse_document
+from builder.manifest.model import ExactVersion, Identifier, SafeText, ServeArg, Sha256, Slug
+from builder.manifest.mounts import (
+    DEFAULT_MODELS,
+    MODELS_TARGET,
+    checked,
+    models_mount,
+    parse_mount,
+)
+from builder.manifest.resolve import ResolvedStack
+from builder.manifest.serve import serve_argv
+from builder.manifest.strict import Strict
+from builder.manifest.yamlsafe import YamlDocument, load_yaml
 
 #: 2: serve_port recorded, needs.targets maps each GPU target to its capability. Pins of schema 1
 #: (earlier versions of this tool) are still read: see _from_schema_1.
@@ -76,7 +82,7 @@ PREVIOUS_DIR = "previous"
 
 
 #: A pin's mount: the one Mount (YAML fields source, target, read_only), shape-checked as
-#: `--volume` checks it (spec/mounts.py).
+#: `--volume` checks it (manifest/mounts.py).
 PinMount = Annotated[Mount, AfterValidator(checked)]
 
 
@@ -552,7 +558,7 @@ def _gpus(text: str) -> Literal["all", "none"] | list[int]:
 
 
 def _volume(text: str) -> Mount:
-    """--volume SOURCE:TARGET[:ro], read as every command reads a mount (spec/mounts.py)."""
+    """--volume SOURCE:TARGET[:ro], read as every command reads a mount (manifest/mounts.py)."""
     return parse_mount(text, "--volume")
 
 

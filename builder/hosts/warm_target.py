@@ -19,7 +19,7 @@ from builder.evidence.trust import TrustPolicy
 from builder.hosts import remote
 from builder.hosts.container import volumes
 from builder.hosts.pins import Pin
-from builder.spec.cache_volume import cache_volume
+from builder.manifest.cache_volume import cache_volume
 from builder.warm import artifact
 from builder.warm.archive import CapturedFile
 from builder.warm.artifact import Found

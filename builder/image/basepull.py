@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import ToolMissing
-from builder.spec.substitute import ENV_VAR as SUBSTITUTE_ENV
+from builder.manifest.substitute import ENV_VAR as SUBSTITUTE_ENV
 
 #: The step in which BuildKit resolves a FROM image: "[internal] load metadata for IMAGE".
 METADATA_STEP = re.compile(r"^\[internal\] load metadata for (\S+)$")

@@ -35,8 +35,8 @@ from builder.image.buildclient import BuildClient
 from builder.image.jobs import auto_max_jobs
 from builder.image.names import content_tag, image_labels, local_ref, moving_ref
 from builder.image.records import load_record, save_record
+from builder.manifest.resolve import ResolvedStack
 from builder.render.context import RenderedContext, write_context
-from builder.spec.resolve import ResolvedStack
 
 TARGET_STAGE = "runtime"
 #: Label recording the image IDs the base tags pointed to at build time.

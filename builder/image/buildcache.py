@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from builder.image.names import content_tag
 from builder.image.registry import Registry
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 
 #: The build argument the classic client reads to embed inline cache metadata.
 INLINE_CACHE_ARG = "BUILDKIT_INLINE_CACHE=1"

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from builder.engine.protocol import EngineHost
-from builder.spec.resolve import ResolvedStack, jit_modules_known
+from builder.manifest.resolve import ResolvedStack, jit_modules_known
 
 #: Memory kept free for the engine, BuildKit and the rest of the machine.
 RESERVE_GB = 2.0

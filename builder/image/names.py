@@ -11,7 +11,7 @@ import subprocess
 from datetime import UTC, datetime
 
 from builder import REPO_ROOT
-from builder.spec.resolve import ResolvedStack, canonical_json
+from builder.manifest.resolve import ResolvedStack, canonical_json
 
 REPOSITORY = "sm120-stacks"
 HASH_CHARS = 16

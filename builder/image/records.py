@@ -26,8 +26,8 @@ from builder.errors import StackError
 from builder.files import write_atomic
 from builder.image.names import HASH_CHARS
 from builder.image.verdicts import CPU, ServedVerdict, Verdict, Verdicts, gpu_kind_key, merge
-from builder.spec import imageref
-from builder.spec.manifest import Sha256, Slug
+from builder.manifest import imageref
+from builder.manifest.model import Sha256, Slug
 
 #: repo@sha256:...: what `pin` copies into a pin; a hand-edited record is refused on reading.
 PushedRef = Annotated[str, StringConstraints(pattern=imageref.PINNED)]

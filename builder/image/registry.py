@@ -28,7 +28,7 @@ from builder.errors import (
 )
 from builder.image.names import REPOSITORY, content_tag
 from builder.image.registry_http import refuse_inline_login
-from builder.spec import imageref
+from builder.manifest import imageref
 
 REGISTRY_ENV = "SM120_STACKS_REGISTRY"
 _REGISTRY = imageref.REGISTRY_RE

@@ -7,7 +7,7 @@ Several verdicts of one image become one in `merge` alone, and which of two is n
 in `recency` alone.
 
 It lives in image/ because image/records.py is the lowest step that keeps it, and verify/ and
-evidence/ sit above image/. builder/spec/ holds what a stack is meant to be (manifests and
+evidence/ sit above image/. builder/manifest/ holds what a stack is meant to be (manifests and
 knowledge), not what happened to an image.
 """
 
@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator
 
-from builder.spec.strict import Strict
+from builder.manifest.strict import Strict
 
 #: A verdict: the checks passed or failed (None where a model field allows it: never judged).
 Verdict = Literal["passed", "failed"]

@@ -13,7 +13,7 @@ from builder.errors import (
     StackError,
 )
 from builder.lock.lockfile import UNPINNED, Lock, LockedBase, LockedBases
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 
 
 def refresh_bases(

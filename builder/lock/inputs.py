@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.lock.lockfile import LOCK_SCHEMA, Lock
-from builder.spec.resolve import ResolvedStack, canonical_json, local_wheels
+from builder.manifest.resolve import ResolvedStack, canonical_json, local_wheels
 
 
 def lock_path(stack: ResolvedStack) -> Path:

@@ -15,7 +15,7 @@ from builder.errors import StackError
 from builder.lock.inputs import base_reference, floating_bases, lock_path, stale_reason
 from builder.lock.lockfile import Lock
 from builder.lock.reading import read_lock
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 
 
 @dataclass(frozen=True)

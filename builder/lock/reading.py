@@ -18,10 +18,10 @@ from builder.errors import (
 from builder.files import write_atomic
 from builder.lock.inputs import lock_path, stale_reason
 from builder.lock.lockfile import LOCK_SCHEMA, Hash, Lock, python_digest, remember_python_digest
-from builder.spec.knowledge import parse_document
-from builder.spec.resolve import ResolvedStack
-from builder.spec.strict import Strict
-from builder.spec.yamlsafe import MAX_BYTES, load_yaml
+from builder.manifest.knowledge import parse_document
+from builder.manifest.resolve import ResolvedStack
+from builder.manifest.strict import Strict
+from builder.manifest.yamlsafe import MAX_BYTES, load_yaml
 
 #: What a parse cache file holds (_ParseCacheEntry); 1 was the bare lock.
 PARSE_CACHE_FORMAT = 2

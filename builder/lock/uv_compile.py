@@ -28,7 +28,7 @@ from builder.lock.lockfile import (
     VersionSource,
     normalize,
 )
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 
 #: uv's target per manifest platform. manylinux_2_28 (glibc 2.28) is below every base we use
 #: (Debian 12: 2.36, Ubuntu 24.04: 2.39), so a wheel it picks always installs in the image.

@@ -14,7 +14,7 @@ from builder.errors import (
 )
 from builder.files import write_atomic
 from builder.lock.lockfile import Lock
-from builder.spec.yamlsafe import MAX_BYTES
+from builder.manifest.yamlsafe import MAX_BYTES
 
 HEADER = (
     "# Written by `sm120-stacks lock {stack}`: the complete, hash-checked input set of its image.\n"

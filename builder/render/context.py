@@ -25,12 +25,12 @@ from builder.errors import StackError
 from builder.lock.inputs import base_reference
 from builder.lock.locked import LockedStack, lock_stack
 from builder.lock.lockfile import Lock
+from builder.manifest.model import Patch
+from builder.manifest.resolve import ResolvedStack, jit_module_table, local_wheels
+from builder.manifest.serve import serve_argv
 from builder.render.digests import DigestCache
 from builder.render.jitdeps import jit_inputs_digest, jit_patches, jit_requirements
 from builder.render.requirements import lock_requirements
-from builder.spec.manifest import Patch
-from builder.spec.resolve import ResolvedStack, jit_module_table, local_wheels
-from builder.spec.serve import serve_argv
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
 #: Where FlashInfer's JIT cache lives in every image (FLASHINFER_WORKSPACE_BASE): fixed, so

@@ -17,11 +17,11 @@ from typing import Annotated
 from pydantic import StringConstraints
 
 from builder.lock.lockfile import Lock, normalize
+from builder.manifest.knowledge import parse_document, read_knowledge
+from builder.manifest.model import PackagePin, Patch
+from builder.manifest.resolve import ResolvedStack, canonical_json
+from builder.manifest.strict import Strict
 from builder.render.requirements import lock_requirements
-from builder.spec.knowledge import parse_document, read_knowledge
-from builder.spec.manifest import PackagePin, Patch
-from builder.spec.resolve import ResolvedStack, canonical_json
-from builder.spec.strict import Strict
 
 
 class _JitDependencies(Strict):

@@ -12,8 +12,8 @@ from builder.errors import StackError
 from builder.lock.inputs import flatten, lock_path, stale_reason
 from builder.lock.lockfile import Lock
 from builder.lock.reading import read_lock
+from builder.manifest.resolve import ResolvedStack
 from builder.render.context import render
-from builder.spec.resolve import ResolvedStack
 from builder.upstream.releases import Kind, classify
 from builder.upstream.ruling import firing
 

@@ -13,7 +13,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from builder.errors import StackError
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 from builder.upstream.index import DistFile, IndexClient
 from builder.upstream.metadata import (
     Target,

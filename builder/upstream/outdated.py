@@ -11,7 +11,7 @@ from packaging.utils import canonicalize_name
 from builder.errors import StackError
 from builder.lock.inputs import lock_path
 from builder.lock.reading import read_lock
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 from builder.upstream.index import IndexClient
 from builder.upstream.releases import KINDS, Kind, classify, newer
 from builder.upstream.ruling import StackRules, retired, stack_rules

@@ -32,11 +32,11 @@ from builder.files import write_atomic
 from builder.lock.lockfile import Lock
 from builder.lock.uv_compile import make_lock
 from builder.lock.writing import write_lock
-from builder.spec.check import CheckResult, check_stack, violation_error
-from builder.spec.resolve import STACK_NAME, ResolvedStack, deep_merge, resolve
-from builder.spec.rules import Rule, SwitchesRemedy
-from builder.spec.substitute import Substitutions
-from builder.spec.yamlsafe import load_yaml
+from builder.manifest.check import CheckResult, check_stack, violation_error
+from builder.manifest.resolve import STACK_NAME, ResolvedStack, deep_merge, resolve
+from builder.manifest.rules import Rule, SwitchesRemedy
+from builder.manifest.substitute import Substitutions
+from builder.manifest.yamlsafe import load_yaml
 from builder.upstream.index import IndexClient
 from builder.upstream.moves import Move, plan_moves
 from builder.upstream.releases import newest_matching

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.lock.reading import locked_versions
-from builder.spec.resolve import ResolvedStack, rule_facts
-from builder.spec.rules import Rule, evaluate, load_rules, retired_by
+from builder.manifest.resolve import ResolvedStack, rule_facts
+from builder.manifest.rules import Rule, evaluate, load_rules, retired_by
 
 #: Fact paths a stack sets to mitigate a bug without changing versions (VLLM_USE_FLASHINFER_
 #: SAMPLER=0): a rule kept quiet only by them still concerns the stack.

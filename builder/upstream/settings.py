@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.errors import StackError
-from builder.spec.resolve import ResolvedStack
-from builder.spec.rules import Rule, SwitchesRemedy
+from builder.manifest.resolve import ResolvedStack
+from builder.manifest.rules import Rule, SwitchesRemedy
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from builder.spec.cache_volume import CacheVolume
-from builder.spec.knowledge import parse_document, read_knowledge
+from builder.manifest.cache_volume import CacheVolume
+from builder.manifest.knowledge import parse_document, read_knowledge
 
 Event = Literal["compile", "autotune", "load", "trace", "total"]
 #: Events that are work done at serve time (the rest are loads, per-start steps and summaries).

@@ -19,9 +19,9 @@ from typing import Any
 from builder.engine.protocol import Engine
 from builder.engine.throwaway import ThrowawayFailed, run_throwaway
 from builder.errors import EngineError
+from builder.manifest.device_code import device_code_knowledge, gpu_targets
+from builder.manifest.resolve import ResolvedStack
 from builder.render.context import VENV
-from builder.spec.device_code import device_code_knowledge, gpu_targets
-from builder.spec.resolve import ResolvedStack
 from builder.verify import fatbin
 from builder.verify.report import CacheRow
 

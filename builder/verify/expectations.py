@@ -12,9 +12,9 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from builder.lock.lockfile import Lock
+from builder.manifest.resolve import ResolvedStack
+from builder.manifest.serve import serve_argv
 from builder.render.context import JIT_WORKSPACE, VENV, template_context
-from builder.spec.resolve import ResolvedStack
-from builder.spec.serve import serve_argv
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.spec.runtime_caches import (
+from builder.manifest.runtime_caches import (
     CacheLayout,
 )
 from builder.verify.kernel_listing import (

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.render.context import VENV
-from builder.spec.runtime_caches import (
+from builder.manifest.runtime_caches import (
     CacheLayout,
 )
+from builder.render.context import VENV
 from builder.verify import cache_listing
 
 

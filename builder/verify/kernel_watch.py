@@ -12,8 +12,8 @@ from typing import Any
 
 from builder.engine.protocol import Container, Engine
 from builder.engine.throwaway import json_result, read_json
-from builder.spec.resolve import ResolvedStack
-from builder.spec.runtime_caches import (
+from builder.manifest.resolve import ResolvedStack
+from builder.manifest.runtime_caches import (
     CacheLayout,
     cache_layouts,
     layouts_for,

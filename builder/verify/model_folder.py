@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import StackError
-from builder.spec.mounts import DEFAULT_MODELS as DEFAULT_MODELS  # test --models' default
-from builder.spec.mounts import MODELS_TARGET, models_mount
-from builder.spec.resolve import ResolvedStack
-from builder.spec.yamlsafe import load_yaml
+from builder.manifest.mounts import DEFAULT_MODELS as DEFAULT_MODELS  # test --models' default
+from builder.manifest.mounts import MODELS_TARGET, models_mount
+from builder.manifest.resolve import ResolvedStack
+from builder.manifest.yamlsafe import load_yaml
 
 #: The key that names the model, for messages that point at the manifest.
 MODEL_KEY = ("serve", "model", "id")

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from builder.engine.hostprobe import HostFacts
 from builder.image.records import CPU, ServedVerdict
-from builder.spec.resolve import ResolvedStack
-from builder.spec.serve import serve_argv
+from builder.manifest.resolve import ResolvedStack
+from builder.manifest.serve import serve_argv
 
 
 def served_verdict(

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from builder.engine.progress import Say
 from builder.engine.protocol import Container, Engine
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 from builder.verify.egress import judge_egress
 from builder.verify.kernel_watch import CacheWatches
 from builder.verify.owner import reap_orphans

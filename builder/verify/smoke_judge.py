@@ -13,7 +13,7 @@ from typing import Any
 from builder.engine.protocol import Container
 from builder.errors import EngineError
 from builder.files import write_atomic
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 from builder.verify.compiles import CompileFindings, find_compiles
 from builder.verify.kernel_watch import CacheWatches
 from builder.verify.smoke_report import (

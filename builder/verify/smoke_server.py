@@ -18,7 +18,7 @@ import requests
 from builder.engine.progress import Say, Throttle
 from builder.engine.protocol import Container, ContainerSpec, Engine, Mount, PortBinding
 from builder.errors import EngineError
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import smoke_environment
 from builder.verify.egress import EgressWatch

@@ -32,7 +32,7 @@ from typing import Any
 
 from builder.engine.progress import Say
 from builder.files import write_atomic
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 from builder.verify import soak_files
 from builder.verify.smoke import (
     AfterSmoke,

@@ -18,7 +18,7 @@ from pathlib import Path
 import requests
 
 from builder.engine.progress import Say, Throttle
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 from builder.verify.chat import stream_chat
 from builder.verify.smoke import LiveServer
 from builder.verify.smoke_server import THROUGHPUT_MAX_TOKENS, THROUGHPUT_PROMPT

@@ -31,8 +31,8 @@ from builder.image.build import find_image
 from builder.image.names import HASH_CHARS, local_ref
 from builder.image.records import load_record, save_record
 from builder.lock.lockfile import Lock
+from builder.manifest.resolve import ResolvedStack
 from builder.render.context import RenderedContext
-from builder.spec.resolve import ResolvedStack
 from builder.verify.device_code import device_code_finding
 from builder.verify.expectations import expectations
 from builder.verify.report import CacheRow, CheckResult, TestReport

@@ -20,10 +20,10 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints
 
 from builder.engine.hostprobe import HostFacts
-from builder.spec.knowledge import parse_document, read_knowledge
-from builder.spec.manifest import Prose, SafeText
-from builder.spec.strict import Strict
-from builder.spec.vllm_argv import last_value
+from builder.manifest.knowledge import parse_document, read_knowledge
+from builder.manifest.model import Prose, SafeText
+from builder.manifest.strict import Strict
+from builder.manifest.vllm_argv import last_value
 
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 

@@ -27,7 +27,7 @@ from builder.errors import OperationFailed, StackError
 from builder.evidence.keys import SigningKey
 from builder.evidence.oci import ArtifactStore
 from builder.evidence.trust import TrustPolicy
-from builder.spec.cache_volume import CacheVolume, cache_volume
+from builder.manifest.cache_volume import CacheVolume, cache_volume
 from builder.warm import archive, artifact, ranks, signed
 from builder.warm.key import (
     WarmKey,

@@ -19,8 +19,8 @@ from builder.engine.address import from_environment
 from builder.engine.docker_adapter import DockerEngine
 from builder.image.names import local_ref, moving_ref
 from builder.image.registry import REGISTRY_ENV, Registry
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 from builder.verify.garbage import answer_matches
 from tests.conftest import REQUIRE_ENGINE
 from tests.support.tinymodel import make_tiny_model

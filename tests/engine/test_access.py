@@ -35,8 +35,8 @@ def test_a_keyed_pin_answers_only_the_key_and_reads_models_read_only(
     api: Any,
     tmp_path: Path,
 ) -> None:
+    from builder.manifest.resolve import resolve
     from builder.render.context import render
-    from builder.spec.resolve import resolve
 
     name = variant("access-key", "env:\n  ACCESS_TEST: '1'")
     cli_process("build", name)

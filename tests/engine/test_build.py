@@ -21,8 +21,8 @@ import pytest
 from builder import REPO_ROOT
 from builder.engine.docker_adapter import DockerEngine
 from builder.image.names import content_tag, local_ref, moving_ref
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 
 pytestmark = pytest.mark.engine
 

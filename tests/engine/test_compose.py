@@ -118,8 +118,8 @@ def _tested_and_pushed(
 ) -> tuple[str, ...]:
     """The variant recorded as tested (its CPU smoke), as `test` records it, then pushed;
     returns the registry-named tags the push left on the engine."""
+    from builder.manifest.resolve import resolve
     from builder.render.context import render
-    from builder.spec.resolve import resolve
 
     cli_process("build", name)
     content_hash = render(resolve(name, workspace / "stacks")).content_hash()

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from builder.manifest.resolve import resolve
 from builder.render.context import VENV
-from builder.spec.resolve import resolve
 from builder.verify.device_code import device_code_finding
 from tests.engine.conftest import unique
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 from builder.verify.egress import CHECK_EGRESS, events_path
 from tests.engine.test_smoke import failed_names, site_packages, smoke, smoke_stack
 

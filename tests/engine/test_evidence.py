@@ -64,8 +64,8 @@ def _pushed_with_evidence(
     """The variant built, recorded as `test` would, pushed with its evidence: its digest."""
     variant(name, body)
     cli_process("build", name)
+    from builder.manifest.resolve import resolve
     from builder.render.context import render
-    from builder.spec.resolve import resolve
 
     content_hash = render(resolve(name, workspace / "stacks")).content_hash()
     record = load_record(workspace / "build", name, content_hash)
@@ -137,8 +137,8 @@ def test_push_from_one_folder_pin_from_another_with_no_records(
     assert kinds == {"verdict", "sbom", "provenance"}
     # build --pull-or-build in the second folder reads the evidence as pull does, and records
     # its verdicts there; so does pull.
+    from builder.manifest.resolve import resolve
     from builder.render.context import render
-    from builder.spec.resolve import resolve
 
     content_hash = render(resolve(EV_CPU, second_folder / "stacks")).content_hash()
     kept = second_folder / "build"
@@ -284,8 +284,8 @@ def test_an_image_pushed_without_evidence_is_refused_with_the_remedy(
 ) -> None:
     """As an image pushed before this change: in the registry under its content tag, with no
     artifact referring to it."""
+    from builder.manifest.resolve import resolve
     from builder.render.context import render
-    from builder.spec.resolve import resolve
 
     (second_folder / "stacks" / f"{EV_OLD}.yaml").write_text(
         "extends: ci-mini\nenv:\n  EVIDENCE_TEST: 'old'\n"

@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 
 from builder.image.names import HASH_CHARS, REPOSITORY, content_tag, local_ref, moving_ref
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 from tests.engine.conftest import unique
 from tests.support.net import free_port
 from tests.test_faults import tool as start_tool

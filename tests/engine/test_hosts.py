@@ -33,8 +33,8 @@ from builder.hosts.pins import LABEL_HOST, load_pin
 from builder.image.names import content_tag, local_ref, moving_ref
 from builder.image.records import load_record, save_record
 from builder.image.registry import Registry
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 from tests.engine.conftest import RUN, unique
 from tests.support.net import free_port
 from tests.support.served import served

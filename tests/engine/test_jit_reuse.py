@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from builder.image.names import content_tag, local_ref
+from builder.manifest.resolve import resolve
 from builder.render.context import render, template_context
-from builder.spec.resolve import resolve
 
 pytestmark = pytest.mark.engine
 

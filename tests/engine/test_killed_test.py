@@ -29,8 +29,8 @@ from builder.engine.owner import OWNER_LABEL, STOPPED, owned
 from builder.engine.protocol import Container, ContainerSpec
 from builder.engine.throwaway import ThrowawayFailed, run_throwaway
 from builder.errors import EngineNotFound
+from builder.manifest.resolve import resolve
 from builder.render.context import VENV
-from builder.spec.resolve import resolve
 from builder.verify.kernel_watch import container_watch
 from tests.conftest import STACKS
 from tests.engine.conftest import LOCAL_BASE, unique
@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 from builder.engine.address import from_environment
 from builder.engine.docker_adapter import connect_engine
-from builder.spec.resolve import resolve
+from builder.manifest.resolve import resolve
 
 kind, image, stacks = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 engine = connect_engine(from_environment())

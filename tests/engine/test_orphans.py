@@ -22,7 +22,7 @@ import pytest
 
 from builder.engine.docker_adapter import DockerEngine
 from builder.engine.owner import OWNER_LABEL, boot_id, reap_orphans
-from builder.spec.resolve import resolve
+from builder.manifest.resolve import resolve
 from builder.verify.gpu_gate import gpu_available
 from builder.verify.smoke import run_smoke
 from builder.verify.smoke_report import CHECK_START

@@ -20,7 +20,7 @@ import pytest
 from builder.engine.address import from_environment
 from builder.engine.docker_adapter import DockerEngine, connect_engine
 from builder.errors import ToolMissing
-from builder.spec.resolve import ResolvedStack, resolve
+from builder.manifest.resolve import ResolvedStack, resolve
 from builder.verify.gpu_gate import gpu_available, gpu_gate
 from builder.verify.owner import OWNER_LABEL, owner
 from builder.verify.smoke import run_smoke

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from builder.engine.docker_adapter import DockerEngine
-from builder.spec.resolve import ResolvedStack, resolve
+from builder.manifest.resolve import ResolvedStack, resolve
 from builder.verify.smoke import run_smoke
 from builder.verify.smoke_report import SmokeReport
 from builder.verify.soak import after_smoke

@@ -268,8 +268,8 @@ def test_no_secret_in_any_file_the_tool_wrote(
 
 
 def _hash(workspace: Path, name: str) -> str:
+    from builder.manifest.resolve import resolve
     from builder.render.context import render
-    from builder.spec.resolve import resolve
 
     return render(resolve(name, workspace / "stacks")).content_hash()
 

@@ -314,8 +314,8 @@ def test_push_signs_and_pin_from_another_folder_relies_on_it_then_refuses_a_forg
     pin under trust.yaml from a build folder with no records (the pin records the key id),
     then an attacker's self-consistent unsigned verdict makes pin exit 2, nothing pinned."""
     from builder.image.records import load_record, save_record
+    from builder.manifest.resolve import resolve
     from builder.render.context import render
-    from builder.spec.resolve import resolve
 
     name = variant(EV_SIGNED, "env:\n  EVIDENCE_TEST: 'signed'")
     cli_process("build", name)

@@ -20,8 +20,8 @@ import pytest
 from builder import REPO_ROOT
 from builder.image.names import local_ref, moving_ref
 from builder.image.records import load_record
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 from builder.verify.owner import OWNER_LABEL
 from tests.engine.conftest import unique
 

@@ -14,8 +14,8 @@ import pytest
 
 from builder.image.names import content_tag, local_ref
 from builder.image.records import load_record
+from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.spec.resolve import resolve
 
 pytestmark = pytest.mark.engine
 

@@ -14,7 +14,7 @@ from builder.lock.lockfile import (
     LockedPackage,
     LockedPython,
 )
-from builder.spec.resolve import ResolvedStack
+from builder.manifest.resolve import ResolvedStack
 
 ZERO_HASH = "sha256:" + "0" * 64
 #: The digest a test lock pins its bases at (as a real stack's lock does).

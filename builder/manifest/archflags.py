@@ -14,8 +14,8 @@ from typing import Literal
 from packaging.version import Version
 from pydantic import Field
 
-from builder.spec.knowledge import parse_document, read_knowledge
-from builder.spec.strict import Strict
+from builder.manifest.knowledge import parse_document, read_knowledge
+from builder.manifest.strict import Strict
 
 
 class GpuFamily(Strict):

@@ -18,11 +18,11 @@ from typing import Any
 from pydantic import Field
 
 from builder.errors import StackError
-from builder.spec.knowledge import parse_document, read_knowledge
-from builder.spec.model_shapes import checkpoint_experts
-from builder.spec.resolve import ResolvedStack, rule_facts
-from builder.spec.rules import evaluate
-from builder.spec.strict import Strict
+from builder.manifest.knowledge import parse_document, read_knowledge
+from builder.manifest.model_shapes import checkpoint_experts
+from builder.manifest.resolve import ResolvedStack, rule_facts
+from builder.manifest.rules import evaluate
+from builder.manifest.strict import Strict
 
 
 class _Source(Strict):

@@ -19,8 +19,8 @@ from pydantic import (
     model_serializer,
 )
 
-from builder.spec import imageref
-from builder.spec.strict import Strict
+from builder.manifest import imageref
+from builder.manifest.strict import Strict
 
 # --- constrained strings -----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from builder.errors import StackError
-from builder.spec import imageref
+from builder.manifest import imageref
 
 ENV_VAR = "SM120_STACKS_BASE_SUBSTITUTE"
 _REF = imageref.REFERENCE_RE

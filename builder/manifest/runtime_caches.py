@@ -1,7 +1,7 @@
 """Where a package keeps the kernels it compiles on the GPU, and how it names them, read from
 knowledge/runtime_caches.yaml: the schema of that file and the layouts a stack's pins select.
 
-Field knowledge, read like the other knowledge files (spec/): the smoke's watch of a cache
+Field knowledge, read like the other knowledge files (manifest/): the smoke's watch of a cache
 (verify/kernel_listing.py, kernel_cache.py, kernel_watch.py) is what uses it.
 """
 
@@ -16,11 +16,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, Field
 
-from builder.spec.jitmodules import Specifier
-from builder.spec.knowledge import parse_document, read_knowledge
-from builder.spec.resolve import ResolvedStack
-from builder.spec.strict import Strict
-from builder.spec.yamlsafe import YamlDocument
+from builder.manifest.jitmodules import Specifier
+from builder.manifest.knowledge import parse_document, read_knowledge
+from builder.manifest.resolve import ResolvedStack
+from builder.manifest.strict import Strict
+from builder.manifest.yamlsafe import YamlDocument
 
 KNOWLEDGE_FILE = "runtime_caches.yaml"
 

@@ -1,7 +1,7 @@
 """One table from the typed serve settings to the options of the serve command.
 
-The serve command (spec/serve.py) is rendered from this table, and `check` refuses each of its
-options in serve.extra_args from the same table (spec/servepath.py): an option passed twice
+The serve command (manifest/serve.py) is rendered from this table, and `check` refuses each of its
+options in serve.extra_args from the same table (manifest/servepath.py): an option passed twice
 reaches the server with whichever comes last, while `check` (its rules, the FlashInfer modules
 derived for the serve path) reads only the typed setting. One table means a typed setting that
 gains an option is refused in extra_args without anyone remembering to.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from builder.spec.manifest import Serve
+from builder.manifest.model import Serve
 
 ServeEngine = str
 #: vLLM's attention backend option, and the attention config whose `backend` key names it too

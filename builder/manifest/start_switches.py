@@ -20,12 +20,12 @@ from typing import Any, Literal
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from builder.spec.knowledge import error_at, parse_document, read_knowledge
-from builder.spec.manifest import Manifest
-from builder.spec.servepath import FLASHINFER, ServePath
-from builder.spec.strict import Strict
-from builder.spec.vllm_argv import CONFIG_OPTIONS, VLLM_OPTIONS, expand, option_of, value_of
-from builder.spec.yamlsafe import YamlDocument
+from builder.manifest.knowledge import error_at, parse_document, read_knowledge
+from builder.manifest.model import Manifest
+from builder.manifest.servepath import FLASHINFER, ServePath
+from builder.manifest.strict import Strict
+from builder.manifest.vllm_argv import CONFIG_OPTIONS, VLLM_OPTIONS, expand, option_of, value_of
+from builder.manifest.yamlsafe import YamlDocument
 
 SWITCHES_FILE = "serve_switches.yaml"
 ENV_NAMES_FILE = "vllm_env_names.yaml"

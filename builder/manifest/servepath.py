@@ -20,18 +20,18 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from builder.errors import StackError
-from builder.spec.jitmodules import ArgValue, jit_modules_known
-from builder.spec.knowledge import error_at
-from builder.spec.manifest import KvCacheDtype, Manifest
-from builder.spec.routes import (
+from builder.manifest.jitmodules import ArgValue, jit_modules_known
+from builder.manifest.knowledge import error_at
+from builder.manifest.model import KvCacheDtype, Manifest
+from builder.manifest.routes import (
     ROUTES_FILE,
     RoutesFile,
     RouteVersion,
     attention_routes,
     fact_name,
 )
-from builder.spec.serveflags import command_options
-from builder.spec.vllm_argv import (
+from builder.manifest.serveflags import command_options
+from builder.manifest.vllm_argv import (
     VLLM_OPTIONS,
     BackendOption,
     ExtraArgError,
@@ -39,7 +39,7 @@ from builder.spec.vllm_argv import (
     expand,
     option_of,
 )
-from builder.spec.yamlsafe import YamlDocument
+from builder.manifest.yamlsafe import YamlDocument
 
 FLASHINFER = "FLASHINFER"
 
@@ -97,7 +97,7 @@ def check_serve_args(manifest: Manifest, docs: list[YamlDocument]) -> None:
             docs,
             ("serve", "extra_args", index),
             f"{arg}: the serve command passes {option} itself, from the typed serve settings "
-            f"(builder/spec/serveflags.py){abbreviated}; the server would run with whichever "
+            f"(builder/manifest/serveflags.py){abbreviated}; the server would run with whichever "
             "comes last, while check (its rules, the FlashInfer modules derived for the serve "
             "path) reads only the typed setting",
             options[option],

@@ -16,7 +16,7 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from builder.spec.serveflags import ATTENTION_CONFIG_OPTIONS, BACKEND_OPTION, vllm_options
+from builder.manifest.serveflags import ATTENTION_CONFIG_OPTIONS, BACKEND_OPTION, vllm_options
 
 #: Every option of vLLM's this project reads, to tell what an abbreviation stands for.
 VLLM_OPTIONS = vllm_options()

@@ -20,18 +20,18 @@ from pydantic import ValidationError
 
 from builder import REPO_ROOT
 from builder.errors import StackError
-from builder.spec.archflags import ArchFlags, arch_table, cuda_facts, derive
-from builder.spec.jitmodules import JitModule as JitModule
-from builder.spec.jitmodules import jit_modules_known as jit_modules_known
-from builder.spec.jitmodules import jit_presets as jit_presets
-from builder.spec.knowledge import error_at, validation_error
-from builder.spec.manifest import Manifest
-from builder.spec.model_shapes import known_shape
-from builder.spec.rules import evaluate
-from builder.spec.servepath import NoRoute, ServePath, check_serve_args, derive_serve_path
-from builder.spec.start_switches import StartSwitches, start_switches
-from builder.spec.substitute import Substitutions
-from builder.spec.yamlsafe import YamlDocument, load_yaml
+from builder.manifest.archflags import ArchFlags, arch_table, cuda_facts, derive
+from builder.manifest.jitmodules import JitModule as JitModule
+from builder.manifest.jitmodules import jit_modules_known as jit_modules_known
+from builder.manifest.jitmodules import jit_presets as jit_presets
+from builder.manifest.knowledge import error_at, validation_error
+from builder.manifest.model import Manifest
+from builder.manifest.model_shapes import known_shape
+from builder.manifest.rules import evaluate
+from builder.manifest.servepath import NoRoute, ServePath, check_serve_args, derive_serve_path
+from builder.manifest.start_switches import StartSwitches, start_switches
+from builder.manifest.substitute import Substitutions
+from builder.manifest.yamlsafe import YamlDocument, load_yaml
 
 STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 #: Manifest fields that describe a stack but do not shape its image. They stay out of the

@@ -1,7 +1,7 @@
 """Which libraries `test` reads for device code, and what a library without machine code for a
 stack's GPUs means: knowledge/device_code.yaml, its schema and loader.
 
-Field knowledge like the other knowledge files (spec/); the scan that uses it is
+Field knowledge like the other knowledge files (manifest/); the scan that uses it is
 verify/device_code.py.
 """
 
@@ -11,10 +11,10 @@ from functools import cache
 
 from pydantic import Field
 
-from builder.spec.archflags import arch_table
-from builder.spec.knowledge import parse_document, read_knowledge
-from builder.spec.resolve import ResolvedStack
-from builder.spec.strict import Strict
+from builder.manifest.archflags import arch_table
+from builder.manifest.knowledge import parse_document, read_knowledge
+from builder.manifest.resolve import ResolvedStack
+from builder.manifest.strict import Strict
 
 KNOWLEDGE_FILE = "device_code.yaml"
 

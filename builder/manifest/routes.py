@@ -1,7 +1,7 @@
 """vLLM's attention routes, as knowledge/attention_routes.yaml writes them: which backend each
 vLLM version serves with for a GPU and a KV cache dtype, and which FlashInfer modules that
 backend builds. The schema and its checks against the module knowledge it names; the walk
-for one stack is spec/servepath.py's.
+for one stack is manifest/servepath.py's.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, StringConstraints
 
 from builder.errors import StackError
-from builder.spec.jitmodules import ArgValue, Specifier, jit_modules_known
-from builder.spec.knowledge import parse_document, read_knowledge
-from builder.spec.manifest import GpuName, KvCacheDtype
-from builder.spec.strict import Strict
+from builder.manifest.jitmodules import ArgValue, Specifier, jit_modules_known
+from builder.manifest.knowledge import parse_document, read_knowledge
+from builder.manifest.model import GpuName, KvCacheDtype
+from builder.manifest.strict import Strict
 
 ROUTES_FILE = "attention_routes.yaml"
 BackendName = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9_]+$")]
