@@ -16,14 +16,18 @@ import yaml
 from click.testing import Result
 from packaging.version import Version
 
+from builder import REPO_ROOT
 from builder.errors import StackError
-from builder.lock.inputs import lock_path
-from builder.lock.lockfile import Lock
+from builder.lock.bases import resolve_base
+from builder.lock.inputs import lock_path, original_bases
+from builder.lock.lockfile import UNPINNED, Lock, LockedBase, LockedBases
+from builder.lock.reading import read_lock
 from builder.lock.writing import write_lock
 from builder.manifest import knowledge, rules
 from builder.manifest.check import check_stack
 from builder.manifest.resolve import ResolvedStack, resolve
 from builder.manifest.yamlsafe import load_yaml
+from builder.upstream.carried_bases import carry_bases
 from builder.upstream.index import IndexClient
 from builder.upstream.releases import classify, newer
 from tests.support.index_server import FIXTURES, Served, index_server, wheel_bytes
@@ -382,13 +386,16 @@ RULE = "cuda-python-12.6-overwrites-cuda-bindings"
 
 
 @pytest.fixture
-def uv_as_recorded(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, str]]:
+def uv_as_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, str]]:
     """make_lock as uv resolved vLLM 0.33 here (stacks/vllm-0.33-marlin.lock, versions_from
     .differs): without a cuda-python pin it picks 12.6.2.post1 beside cuda-bindings 13.5.0 (the
     bare cuda-python>=12.0 of flashinfer-python 0.7.2.post1); with cuda-python 13.4.4 pinned,
     cuda-bindings 13.4.4 (its ~=13.4.4). The fixture index has no wheels for uv to resolve the
-    whole set from; everything else about propose (index pages, metadata, rules) is real.
-    Returns the versions of each lock made."""
+    whole set from; everything else about propose (index pages, metadata, rules) is real, the
+    base digests too: asked as make_lock asks them, of an engine that is not there (DOCKER_HOST
+    names a socket nobody listens on), so no registry is reachable. Returns the versions of each
+    lock made."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")
     made: list[dict[str, str]] = []
 
     def make_lock(stack: ResolvedStack, engine: object, prefer: object = None) -> Lock:
@@ -399,7 +406,8 @@ def uv_as_recorded(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, str]]:
         else:
             versions["cuda-bindings"] = pinned
         made.append(versions)
-        return _lock_of(stack, versions)
+        bases = {r: resolve_base(*b, engine) for r, b in original_bases(stack).items()}  # type: ignore[arg-type]
+        return _lock_of(stack, versions).model_copy(update={"bases": LockedBases(**bases)})
 
     monkeypatch.setattr("builder.upstream.propose.make_lock", make_lock)
     return made
@@ -410,11 +418,21 @@ def test_propose_applies_a_rule_s_remedy_says_so_and_the_stack_checks_clean(
 ) -> None:
     """The weekly loop's move: vLLM 0.22 -> 0.33. The first lock holds cuda-python
     12.6.2.post1 and the rule fires; its remedy pins the newest cuda-python >=12.8 on the
-    stack's index (13.4.4 on the recorded page: 13.5 does not exist), the lock again is clean."""
+    stack's index (13.4.4 on the recorded page: 13.5 does not exist), the lock again is clean.
+    No registry is reachable: the parent's pinned base digests (and their note) are carried over,
+    so `check` passes on the proposal as written."""
+    parent = _lock_pinned_as_marlin(offline)
     args = ("propose", "try", "--from", "offline", "--set", "vllm=0.33.0")
     result = run_cli(*args, "--json", stacks_dir=offline)
     assert result.exit_code == 0, result.output
     proposal = json.loads(result.output)
+    written = read_lock(offline / "try.lock")
+    assert written.bases == parent.bases  # digest and "not verified from this machine" note
+    assert [(b["role"], b["source"], b["digest"]) for b in proposal["bases"]] == [
+        ("build", "parent", parent.bases.build.digest),
+        ("runtime", "parent", parent.bases.runtime.digest),
+    ]
+    assert not any("base" in w for w in proposal["warnings"])
     assert [v.get("cuda-python") for v in uv_as_recorded] == ["12.6.2.post1", "13.4.4"]
     assert proposal["remedies_applied"] == [
         {
@@ -439,6 +457,61 @@ def test_propose_applies_a_rule_s_remedy_says_so_and_the_stack_checks_clean(
     check = run_cli("check", "try", stacks_dir=offline)
     assert check.exit_code == 0, check.output
     assert not list(offline.parent.glob(".propose-*"))
+
+
+def _lock_pinned_as_marlin(stacks_dir: Path) -> Lock:
+    """A lock for stacks/offline pinning its bases as stacks/vllm-0.22-marlin.lock does: a
+    digest from public sources, with the note that says it was not verified here."""
+    marlin = read_lock(REPO_ROOT / "stacks" / "vllm-0.22-marlin.lock").bases.build
+    stack = resolve("offline", stacks_dir)
+    assert marlin.digest and marlin.image == stack.manifest.bases.build.image
+    pins = {n: p.version for n, p in stack.manifest.python.packages.items()}
+    lock = lock_of(stack, packages_of(pins), base=marlin)
+    write_lock(lock_path(stack), lock)
+    return lock
+
+
+def test_a_base_the_parent_does_not_pin_is_said_with_the_command_that_pins_it(
+    offline: Path, run_cli: Callable[..., Result], uv_as_recorded: list[dict[str, str]]
+) -> None:
+    """Without a parent lock to carry a digest from, and no registry, the proposal's lock does
+    not pin its bases: propose says so, names `lock try --refresh-bases`, and `check` refuses."""
+    result = run_cli(
+        "propose", "try", "--from", "offline", "--set", "vllm=0.33.0", stacks_dir=offline
+    )
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert "build base nvidia/cuda:13.0.2-devel-ubuntu24.04 is NOT pinned by digest" in flat
+    assert "offline has no current lock to carry its digest from" in flat
+    assert "`sm120-stacks lock try --refresh-bases` pins it where its registry answers" in flat
+    assert read_lock(offline / "try.lock").bases.build.digest is None
+    check = run_cli("check", "try", stacks_dir=offline)
+    assert check.exit_code == 2 and "not pinned by digest" in check.output
+    assert "--refresh-bases" in run_cli("lock", "--help").output  # the command named exists
+
+
+def test_a_changed_base_is_not_carried_and_is_said_with_the_command(
+    offline: Path, write_stack: Callable[..., Path]
+) -> None:
+    """A proposal whose base reference differs from the parent's gets none of the parent's
+    digest: unpinned (no registry), it says which base changed and the command that pins it."""
+    parent = _lock_pinned_as_marlin(offline)
+    moved = _probe()
+    image = "nvidia/cuda:13.0.2-devel-ubuntu22.04"
+    moved["bases"] = {"build": {"image": image}, "runtime": {"image": image}}
+    write_stack("moved", moved)
+    stack = resolve("moved", offline)
+    unpinned = LockedBase(image=image, note=UNPINNED + "no Docker engine to ask a registry")
+    made = lock_of(stack, packages_of({"vllm": "0.33.0"}), base=unpinned)
+    lock, bases = carry_bases("moved", stack, made, resolve("offline", offline))
+    assert lock.bases.build == unpinned and lock.bases.build != parent.bases.build
+    build = bases[0]
+    assert (build.role, build.source, build.digest) == ("build", "unpinned", None)
+    assert build.pin_command == "sm120-stacks lock moved --refresh-bases"
+    assert build.said is not None
+    assert f"it differs from offline's {parent.bases.build.image}" in build.said
+    assert "no Docker engine to ask a registry" in build.said
+    assert f"`{build.pin_command}`" in build.said
 
 
 def test_the_remedy_shows_in_the_proposal_table(

@@ -10,6 +10,9 @@ Where a rule fires on the proposal (on its pins, or on what its lock would insta
 requires, or the start switches it names are set in the proposal (builder.upstream.settings), and
 the proposal is resolved, locked and checked again; it is written only once no rule fires. The
 moves table and the warnings say which rule's remedy made which pin or setting.
+
+The lock's bases are the parent's where their reference is unchanged (builder.upstream
+.carried_bases): a proposal made with no registry reachable checks clean as written.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from builder.manifest.resolve import STACK_NAME, ResolvedStack, deep_merge, reso
 from builder.manifest.rules import Rule, SwitchesRemedy
 from builder.manifest.substitute import Substitutions
 from builder.manifest.yamlsafe import load_yaml
+from builder.upstream.carried_bases import ProposedBase, carry_bases
 from builder.upstream.index import IndexClient
 from builder.upstream.moves import Move, plan_moves
 from builder.upstream.releases import newest_matching
@@ -84,6 +88,8 @@ class Proposal:
     remedies: list[AppliedRemedy] = field(default_factory=list)
     #: Remedies of rules that fired on the proposal and set start switches (in its manifest).
     settings: list[AppliedSettings] = field(default_factory=list)
+    #: The lock's bases and where their digests came from (none with --no-lock).
+    bases: list[ProposedBase] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +101,7 @@ class Proposal:
             "remedies_applied": [dataclasses.asdict(r) for r in self.remedies],
             "settings_applied": [dataclasses.asdict(s) for s in self.settings],
             "warnings": self.warnings,
+            "bases": [dataclasses.asdict(b) for b in self.bases],
             "locked_packages": len(self.lock.python.versions()) if self.lock else None,
             "written": [str(p) for p in self.written],
         }
@@ -185,6 +192,10 @@ def propose(
         shutil.rmtree(scratch, ignore_errors=True)
     applied: list[AppliedSettings | AppliedRemedy] = [*switched, *remedies]
     warnings = [remedy.describe() for remedy in applied] + warnings
+    bases: list[ProposedBase] = []
+    if made is not None:
+        made, bases = carry_bases(name, stack, made, base)
+        warnings += [b.said for b in bases if b.said]
     old_rules = stack_rules(base)
     before = {rule.id for rule in old_rules.firing}
     after = set(firing(stack, made.python.versions() if made else {}))
@@ -209,6 +220,7 @@ def propose(
         lock=made,
         remedies=remedies,
         settings=switched,
+        bases=bases,
     )
     _write(proposal, target_path)
     return proposal
