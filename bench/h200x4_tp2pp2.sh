@@ -117,8 +117,9 @@ PY
 doctor() {
   local topo="$RES/topology"
   mkdir -p "$topo"
-  nvidia-smi --query-gpu=index,name,driver_version,compute_cap --format=csv,noheader,nounits >"$topo/query.csv"
-  nvidia-smi --query-gpu=index,pci.bus_id,name --format=csv,noheader >"$topo/gpus.csv"
+  # The one GPU query doctor sends (builder/engine/hostprobe.py GPU_QUERY).
+  nvidia-smi --query-gpu=index,pci.bus_id,driver_version,compute_cap,name \
+    --format=csv,noheader,nounits >"$topo/gpus.csv"
   nvidia-smi topo -m >"$topo/topo-m.txt"
   nvidia-smi topo -p2p r >"$topo/p2p-r.txt"
   nvidia-smi topo -p2p w >"$topo/p2p-w.txt"

@@ -14,7 +14,8 @@ from builder.errors import ToolMissing
 from builder.hosts.hostcheck import check, requirements_for
 from builder.verify import gpu_gate
 
-H200 = "0, NVIDIA H200, 580.159.04, 9.0\n"
+#: The one GPU query's answer (builder.engine.hostprobe.GPU_QUERY) on an H200.
+H200 = "0, 00000000:00:06.0, 580.159.04, 9.0, NVIDIA H200\n"
 
 
 class _NoRuntimesEngine:

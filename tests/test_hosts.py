@@ -559,8 +559,8 @@ def test_host_without_a_gpu_says_so() -> None:
 
 
 def test_old_driver_and_wrong_gpu_are_found() -> None:
-    facts = gather(None, None, _probe("0, NVIDIA H200, 570.86.15, 9.0\n"))
-    assert facts.gpus == (Gpu(0, "NVIDIA H200", "9.0"),)
+    facts = gather(None, None, _probe("0, 00000000:41:00.0, 570.86.15, 9.0, NVIDIA H200\n"))
+    assert facts.gpus == (Gpu(0, "NVIDIA H200", "9.0", "0000:41:00.0"),)
     found = _by_name(facts)
     assert "570.86.15 is older than 580.65.06" in found["driver"].detail
     assert "GPU 0 (NVIDIA H200) is compute 9.0; the stack targets 12.0 (sm120)" in (
@@ -569,7 +569,9 @@ def test_old_driver_and_wrong_gpu_are_found() -> None:
 
 
 def test_a_matching_host_passes() -> None:
-    facts = gather(None, None, _probe("0, NVIDIA RTX PRO 6000, 580.95.05, 12.0\n"))
+    facts = gather(
+        None, None, _probe("0, 00000000:01:00.0, 580.95.05, 12.0, NVIDIA RTX PRO 6000\n")
+    )
     facts = HostFacts(facts.driver, facts.gpus, None, ("runtime nvidia",), None)
     assert all(f.ok for f in check(facts, requirements_for(["sm120"], "580.65.06")))
     assert not check(facts, requirements_for(["sm120"], None), selected=[3])[2].ok
@@ -605,8 +607,9 @@ def test_a_site_substitution_keeps_the_lock_and_wins_over_its_digest(stacks_dir:
 
 
 def test_real_h200_output_passes_the_driver_and_fails_the_sm120_target() -> None:
-    """nvidia-smi's answer on the H200 the device machine has (captured there verbatim)."""
-    facts = gather(None, None, _probe("0, NVIDIA H200, 580.159.04, 9.0\n"))
+    """nvidia-smi's answer on the H200 the device machine has: the two queries captured there
+    (tests/fixtures/topology/h200-2x-nvlink), joined in the one query's columns."""
+    facts = gather(None, None, _probe("0, 00000000:00:06.0, 580.159.04, 9.0, NVIDIA H200\n"))
     found = _by_name(facts)
     assert found["driver"].ok and found["driver"].detail == (
         "NVIDIA driver 580.159.04 (needs >= 580.65.06)"

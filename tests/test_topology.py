@@ -23,7 +23,7 @@ from click.testing import Result
 
 from builder.cli import doctor as cli_doctor
 from builder.cli.app import Settings
-from builder.engine.hostprobe import Probe
+from builder.engine.hostprobe import GPU_QUERY, Probe, list_gpus, normal_bus_id, parse_gpu_query
 from builder.engine.protocol import EngineHost
 from builder.errors import StackError
 from builder.hosts import remote, topology
@@ -40,8 +40,6 @@ from builder.hosts.topology import (
     iommu_mode,
     kernel_iommu,
     knowledge,
-    normal_bus_id,
-    parse_gpus,
     parse_lspci,
     parse_matrix,
     read_topology,
@@ -77,7 +75,7 @@ def _fixture_probe(
     """A Probe whose runner answers the argv topology sends with the sample's files."""
     sample = _iommu_sample(host)
     answers = {
-        ("nvidia-smi", "--query-gpu=index,pci.bus_id,name", "--format=csv,noheader"): "gpus.csv",
+        GPU_QUERY: "gpus.csv",
         ("nvidia-smi", "topo", "-m"): "topo-m.txt",
         ("nvidia-smi", "topo", "-p2p", "r"): p2p or "p2p-r.txt",
         ("nvidia-smi", "topo", "-p2p", "w"): p2p or "p2p-w.txt",
@@ -131,7 +129,8 @@ TP2 = Serve("the pin of gpu-node-07", tensor_parallel=2)
 
 
 def test_gpu_bus_ids_are_read_as_lspci_prints_them() -> None:
-    gpus = parse_gpus(_text("pro6000-4x-switch", "gpus.csv"))
+    driver, gpus = parse_gpu_query(_text("pro6000-4x-switch", "gpus.csv"))
+    assert driver == "580.95.05"
     assert [(g.index, g.bus_id) for g in gpus] == [
         (0, "0000:18:00.0"),
         (1, "0000:19:00.0"),
@@ -141,8 +140,27 @@ def test_gpu_bus_ids_are_read_as_lspci_prints_them() -> None:
     assert gpus[0].name == "NVIDIA RTX PRO 6000 Blackwell Server Edition"
     assert normal_bus_id("00000001:C1:00.0") == "0001:c1:00.0"
     assert normal_bus_id("41:00.0") == "0000:41:00.0"
+    assert gpus[0].capability == "12.0"
     with pytest.raises(ValueError, match="unexpected nvidia-smi output"):
-        parse_gpus("No devices were found\n")
+        parse_gpu_query("No devices were found\n")
+
+
+def test_one_gpu_query_answers_the_facts_and_the_topology_alike() -> None:
+    """doctor's GPU and driver findings and its tensor-parallel checks read one record from
+    one nvidia-smi call: the same GPUs, with the bus IDs the PCI tree is walked by."""
+    calls: list[list[str]] = []
+    probe = _fixture_probe("pro6000-2x-acs", calls=calls)
+    listed = list_gpus(probe)
+    assert (listed.driver, listed.error) == ("580.95.05", None)
+    assert [(g.index, g.bus_id, g.capability) for g in listed.gpus] == [
+        (0, "0000:01:00.0", "12.0"),
+        (1, "0000:c1:00.0", "12.0"),
+    ]
+    assert read_topology(probe).gpus == listed.gpus
+    assert [argv for argv in calls if "--query-gpu" in argv[1]] == [list(GPU_QUERY)] * 2
+    # A name with a comma in it is kept whole (the name is the query's last column).
+    _, (odd,) = parse_gpu_query("0, 00000000:01:00.0, 580.95.05, 12.0, GPU, rev 2\n")
+    assert odd.name == "GPU, rev 2"
 
 
 def test_link_matrix_of_four_gpus_skips_nics_affinity_and_legend() -> None:
@@ -584,9 +602,7 @@ def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
 echo "nvidia-smi $*" >> {log}
 d={folder}
 case "$*" in
-  "--query-gpu=index,name,driver_version,compute_cap --format=csv,noheader,nounits")
-    cat "$d/query.csv" ;;
-  "--query-gpu=index,pci.bus_id,name --format=csv,noheader") cat "$d/gpus.csv" ;;
+  "{" ".join(GPU_QUERY[1:])}") cat "$d/gpus.csv" ;;
   "topo -m") cat "$d/topo-m.txt" ;;
   "topo -p2p r") cat "$d/p2p-r.txt" ;;
   "topo -p2p w") cat "$d/p2p-w.txt" ;;

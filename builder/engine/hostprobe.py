@@ -1,7 +1,8 @@
 """What a host has for GPU containers, probed once, in one place: NVIDIA driver and GPUs
-(nvidia-smi), and how the engine can hand GPUs to a container (a registered nvidia runtime, the
-NVIDIA Container Toolkit's hook, CDI specs); and the raw readings of the GPUs' PCIe topology
-that `doctor`'s tensor-parallel checks parse and judge (builder/hosts/topology/).
+(one nvidia-smi query, one record), and how the engine can hand GPUs to a container (a
+registered nvidia runtime, the NVIDIA Container Toolkit's hook, CDI specs); and the raw readings
+of the GPUs' PCIe topology that `doctor`'s tensor-parallel checks parse and judge
+(builder/hosts/topology/).
 
 Every command that asks "is there a GPU here?" (`doctor`, `verify`, `test --require-gpu`, the
 smoke, the fleet gate) asks this module, so no two of them can disagree (a CDI-only host once
@@ -37,10 +38,26 @@ RUNTIME_FIX = (
 
 @dataclass(frozen=True)
 class Gpu:
+    """One GPU as the one query (GPU_QUERY) lists it: what doctor, the smoke's gate and warm's
+    key read, and where the topology checks find it on the PCI tree."""
+
     index: int
     name: str
     #: Compute capability as nvidia-smi prints it, e.g. "12.0".
     capability: str
+    #: domain:bus:device.function, lower case, as lspci -D prints it: 0000:41:00.0 (empty only
+    #: for a GPU written by hand, never for one nvidia-smi listed).
+    bus_id: str = ""
+
+
+@dataclass(frozen=True)
+class GpuList:
+    """What the one GPU query returned: the driver and the GPUs, or why there is no list."""
+
+    driver: str | None
+    gpus: tuple[Gpu, ...]
+    #: Why nvidia-smi gave no list (not on PATH, failed, printed something else); None: it did.
+    error: str | None
 
 
 @dataclass(frozen=True)
@@ -108,13 +125,16 @@ def gather(
 ) -> HostFacts:
     """Ask nvidia-smi, the engine and the file system what this host has."""
     probe = probe or probe_for(getattr(engine, "address", None))
-    driver, gpus, gpu_error = _nvidia_smi(probe)
+    listed = list_gpus(probe)
+    gpu_error = listed.error or (None if listed.gpus else "nvidia-smi lists no GPU")
     runtime, runtime_error = _engine_runtimes(engine)
     runtime += [f"hook {h}" for h in RUNTIME_HOOKS if probe.which(h)]
     for folder in probe.cdi_dirs:
         if folder.is_dir() and any("nvidia" in p.name for p in folder.iterdir()):
             runtime.append(f"CDI specs in {folder}")
-    return HostFacts(driver, tuple(gpus), gpu_error, tuple(runtime), engine_error, runtime_error)
+    return HostFacts(
+        listed.driver, listed.gpus, gpu_error, tuple(runtime), engine_error, runtime_error
+    )
 
 
 def gpu_missing_reason(facts: HostFacts) -> str | None:
@@ -130,31 +150,6 @@ def gpu_missing_reason(facts: HostFacts) -> str | None:
         "the Docker engine cannot give containers a GPU (no nvidia runtime, no NVIDIA "
         f"Container Toolkit hook, no CDI spec): {RUNTIME_FIX}"
     )
-
-
-def _nvidia_smi(probe: Probe) -> tuple[str | None, list[Gpu], str | None]:
-    query = [
-        "nvidia-smi",
-        "--query-gpu=index,name,driver_version,compute_cap",
-        "--format=csv,noheader,nounits",
-    ]
-    if probe.which("nvidia-smi") is None:
-        return None, [], "nvidia-smi is not on PATH"
-    try:
-        status, out = probe.run(query)
-    except OSError as exc:
-        return None, [], f"nvidia-smi failed to start ({exc})"
-    if status != 0:
-        return None, [], f"nvidia-smi exited {status}: {' '.join(out.split())[:200]}"
-    gpus: list[Gpu] = []
-    driver: str | None = None
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4 or not parts[0].isdigit():
-            return None, [], f"unexpected nvidia-smi output: {line[:120]!r}"
-        driver = parts[2]
-        gpus.append(Gpu(int(parts[0]), parts[1], parts[3]))
-    return driver, gpus, None if gpus else "nvidia-smi lists no GPU"
 
 
 def _engine_runtimes(engine: Engine | None) -> tuple[list[str], str | None]:
@@ -175,10 +170,55 @@ def _run(argv: Sequence[str]) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
+# --- the GPUs: one query, one parser, for the facts above and the topology checks -------------
+
+#: Every GPU field any command reads, in one call; the name last, so a comma in it is kept.
+GPU_QUERY = (
+    "nvidia-smi",
+    "--query-gpu=index,pci.bus_id,driver_version,compute_cap,name",
+    "--format=csv,noheader,nounits",
+)
+
+
+def list_gpus(probe: Probe) -> GpuList:
+    """The probed host's GPUs, or why they could not be listed (recorded, never raised): the
+    one answer gather's facts and the topology checks (builder/hosts/topology/) both read."""
+    out, why = output(probe, GPU_QUERY)
+    if out is None:
+        return GpuList(None, (), why)
+    try:
+        driver, gpus = parse_gpu_query(out)
+    except ValueError as exc:
+        return GpuList(None, (), str(exc))
+    return GpuList(driver, gpus, None)
+
+
+def parse_gpu_query(text: str) -> tuple[str | None, tuple[Gpu, ...]]:
+    """GPU_QUERY's lines as (driver, GPUs); ValueError for a line that is not one (nvidia-smi
+    prints "No devices were found" and the like on stdout)."""
+    driver: str | None = None
+    gpus: list[Gpu] = []
+    for line in text.strip().splitlines():
+        parts = [part.strip() for part in line.split(",", 4)]
+        if len(parts) != 5 or not parts[0].isdigit() or ":" not in parts[1]:
+            raise ValueError(f"unexpected nvidia-smi output: {line[:120]!r}")
+        driver = parts[2]
+        gpus.append(Gpu(int(parts[0]), parts[4], parts[3], normal_bus_id(parts[1])))
+    return driver, tuple(gpus)
+
+
+def normal_bus_id(bus_id: str) -> str:
+    """A bus ID as nvidia-smi prints it (00000000:41:00.0) as lspci -D does: 0000:41:00.0."""
+    parts = bus_id.strip().lower().split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    if len(parts) != 3:
+        raise ValueError(f"unexpected PCI bus ID: {bus_id!r}")
+    return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+
+
 # --- the GPUs' PCIe topology, as the host prints it (parsed in builder/hosts/topology/) --------
 
-#: Each GPU's index, PCI bus ID and name.
-GPU_BUS_QUERY = ("nvidia-smi", "--query-gpu=index,pci.bus_id,name", "--format=csv,noheader")
 #: The GPU x GPU link matrix (PIX, NODE, SYS, NV# ...).
 TOPO_LINKS = ("nvidia-smi", "topo", "-m")
 #: Peer-to-peer read and write capability matrices (OK, CNS, GNS, TNS, NS ...).

@@ -22,7 +22,6 @@ from builder.hosts.topology.advice import (
 )
 from builder.hosts.topology.findings import check, decide, not_checked
 from builder.hosts.topology.parse import (
-    GpuSlot,
     HostTopology,
     Iommu,
     IommuMode,
@@ -31,8 +30,6 @@ from builder.hosts.topology.parse import (
     bridges_between,
     iommu_mode,
     kernel_iommu,
-    normal_bus_id,
-    parse_gpus,
     parse_lspci,
     parse_matrix,
 )
@@ -42,7 +39,6 @@ from builder.hosts.topology.serve import ArgvOrigin, Serve, serve_of
 __all__ = [
     "KNOWLEDGE_FILE",
     "ArgvOrigin",
-    "GpuSlot",
     "HostTopology",
     "Iommu",
     "IommuMode",
@@ -57,9 +53,7 @@ __all__ = [
     "iommu_mode",
     "kernel_iommu",
     "knowledge",
-    "normal_bus_id",
     "not_checked",
-    "parse_gpus",
     "parse_lspci",
     "parse_matrix",
     "read_topology",

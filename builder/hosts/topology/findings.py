@@ -11,10 +11,10 @@ from dataclasses import replace
 from itertools import combinations
 from typing import Any
 
-from builder.engine.hostprobe import Probe
+from builder.engine.hostprobe import Gpu, Probe
 from builder.hosts.hostcheck import Finding
 from builder.hosts.topology.advice import PcieKnowledge, knowledge
-from builder.hosts.topology.parse import GpuSlot, HostTopology, PciDevice, bridges_between
+from builder.hosts.topology.parse import HostTopology, PciDevice, bridges_between
 from builder.hosts.topology.probe import read_topology
 from builder.hosts.topology.serve import NO_CUSTOM_ALL_REDUCE, Serve
 
@@ -85,20 +85,20 @@ def decide(serve: Serve, host: HostTopology, k: PcieKnowledge | None = None) -> 
     return [*findings, p2p, acs, iommu]
 
 
-GpuPair = tuple[GpuSlot, GpuSlot]
+GpuPair = tuple[Gpu, Gpu]
 
 
-def _link(host: HostTopology, a: GpuSlot, b: GpuSlot) -> str | None:
+def _link(host: HostTopology, a: Gpu, b: Gpu) -> str | None:
     links = host.links or {}
     return links.get((a.index, b.index)) or links.get((b.index, a.index))
 
 
-def _over_nvlink(host: HostTopology, a: GpuSlot, b: GpuSlot) -> bool:
+def _over_nvlink(host: HostTopology, a: Gpu, b: Gpu) -> bool:
     """Whether `topo -m` links the pair by NVLink (NV#): its P2P does not cross PCIe."""
     return bool(_NVLINK.match(_link(host, a, b) or ""))
 
 
-def _pair_name(host: HostTopology, a: GpuSlot, b: GpuSlot) -> str:
+def _pair_name(host: HostTopology, a: Gpu, b: Gpu) -> str:
     link = _link(host, a, b)
     return f"GPU {a.index}-{b.index}" + (f" ({link})" if link else "")
 

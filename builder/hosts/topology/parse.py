@@ -1,7 +1,8 @@
-"""What the host has, as typed results parsed from what it prints: the GPUs and their bus IDs
-(`nvidia-smi --query-gpu`), the link and P2P matrices (`nvidia-smi topo -m`, `topo -p2p r|w`),
-the PCI tree with ACS on its bridges (`lspci -D -vvv`), and the IOMMU's mode (group types, the
-units present, the kernel command line). Pure functions of text: no host is asked here.
+"""What the host has, as typed results parsed from what it prints: the link and P2P matrices
+(`nvidia-smi topo -m`, `topo -p2p r|w`), the PCI tree with ACS on its bridges (`lspci -D -vvv`),
+and the IOMMU's mode (group types, the units present, the kernel command line); the GPUs and
+their bus IDs are the one GPU query's (builder.engine.hostprobe.list_gpus). Pure functions of
+text: no host is asked here.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import takewhile
 from typing import Literal
+
+from builder.engine.hostprobe import Gpu
 
 GROUP_TYPES_TRANSLATED = ("DMA", "DMA-FQ")
 GROUP_TYPE_IDENTITY = "identity"
@@ -32,14 +35,6 @@ _PCI_BUS = re.compile(
 _ACS_CONTROL = re.compile(r"^\s+ACSCtl:\s*(?P<flags>.*)$")
 _ACCESS_DENIED = "<access denied>"
 _PROG_IF = re.compile(r"\s*\(prog-if .*\)\s*$")
-
-
-@dataclass(frozen=True)
-class GpuSlot:
-    index: int
-    #: domain:bus:device.function, lower case, as lspci -D prints it: 0000:41:00.0.
-    bus_id: str
-    name: str
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,8 @@ class Iommu:
 class HostTopology:
     """What the host says, each part with why it could not be read (None: it was)."""
 
-    gpus: tuple[GpuSlot, ...] = ()
+    #: The one GPU query's GPUs (builder.engine.hostprobe.list_gpus), bus IDs as lspci's.
+    gpus: tuple[Gpu, ...] = ()
     gpus_error: str | None = None
     links: Mapping[Pair, str] | None = None
     links_error: str | None = None
@@ -91,27 +87,6 @@ class HostTopology:
     pci: Mapping[str, PciDevice] | None = None
     pci_error: str | None = None
     iommu: Iommu = field(default_factory=lambda: Iommu("unknown", "not read"))
-
-
-def parse_gpus(text: str) -> tuple[GpuSlot, ...]:
-    """`nvidia-smi --query-gpu=index,pci.bus_id,name --format=csv,noheader` lines."""
-    gpus = []
-    for line in text.strip().splitlines():
-        parts = [part.strip() for part in line.split(",", 2)]
-        if len(parts) != 3 or not parts[0].isdigit() or ":" not in parts[1]:
-            raise ValueError(f"unexpected nvidia-smi output: {line[:120]!r}")
-        gpus.append(GpuSlot(int(parts[0]), normal_bus_id(parts[1]), parts[2]))
-    return tuple(gpus)
-
-
-def normal_bus_id(bus_id: str) -> str:
-    """A bus ID as nvidia-smi prints it (00000000:41:00.0) as lspci -D does: 0000:41:00.0."""
-    parts = bus_id.strip().lower().split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0")
-    if len(parts) != 3:
-        raise ValueError(f"unexpected PCI bus ID: {bus_id!r}")
-    return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
 
 
 def parse_matrix(text: str) -> dict[Pair, str]:

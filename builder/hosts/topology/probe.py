@@ -15,7 +15,6 @@ from builder.hosts.topology.parse import (
     Iommu,
     Pair,
     iommu_mode,
-    parse_gpus,
     parse_lspci,
     parse_matrix,
 )
@@ -24,13 +23,10 @@ from builder.hosts.topology.parse import (
 def read_topology(probe: Probe) -> HostTopology:
     """Ask the host through probe; a missing program or an unreadable file is recorded, never
     raised."""
-    listed, gpus_error = hostprobe.output(probe, hostprobe.GPU_BUS_QUERY)
-    if listed is None:
-        return HostTopology(gpus_error=gpus_error)
-    try:
-        gpus = parse_gpus(listed)
-    except ValueError as exc:
-        return HostTopology(gpus_error=str(exc))
+    listed = hostprobe.list_gpus(probe)
+    if listed.error is not None:
+        return HostTopology(gpus_error=listed.error)
+    gpus = listed.gpus
     links, links_error = _matrix(probe, hostprobe.TOPO_LINKS)
     read, read_error = _matrix(probe, hostprobe.TOPO_P2P_READ)
     write, write_error = _matrix(probe, hostprobe.TOPO_P2P_WRITE)
