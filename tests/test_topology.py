@@ -567,6 +567,10 @@ class _Engine:
     def host(self) -> EngineHost:
         return EngineHost(None, None, None, None, None, runtimes=("nvidia", "runc"))
 
+    def containers(self, *, label: str | None = None, volume: str | None = None) -> list[Any]:
+        """None has used the pin's cache volume: doctor leaves it unopened (not deployed)."""
+        return []
+
 
 def _executable(path: Path, text: str) -> None:
     path.write_text(text)

@@ -14,12 +14,17 @@ import click
 from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
 from builder.cli.hosts import EXIT_DRIFT, hosts_dir_option, hosts_folder
 from builder.engine.hostprobe import Probe, gather, probe_for
-from builder.errors import StackError
+from builder.engine.protocol import Engine
+from builder.errors import EngineError, OperationFailed, StackError
 from builder.hosts import remote, topology
 from builder.hosts.hostcheck import Finding, Requirements, check, requirements_for
 from builder.hosts.pins import Pin, load_pin, pin_path
+from builder.hosts.warm_target import target_of
+from builder.manifest.cache_volume import cache_volume
 from builder.manifest.serve import serve_argv
 from builder.manifest.yamlsafe import load_yaml
+from builder.warm import integrity
+from builder.warm.volume import open_volume
 
 
 @cli.command()
@@ -45,7 +50,9 @@ def doctor(
     pin or stack serving on several GPUs, what tensor parallelism needs (P2P between its GPUs;
     for pairs over PCIe, no translating IOMMU, and no ACS redirect on the bridges between them:
     a failure where the IOMMU translates, a warning where it does not; pairs over NVLink are
-    not judged for either).
+    not judged for either). For a pin with a cache volume, whether its cache entries are whole
+    (a start killed while it compiled leaves empty or cut-short kernels, a CuTe-DSL module
+    without its meta.json, a Triton group naming a file that is not there).
 
     Exit status: 0 all present, 1 something is missing (each with its fix), 2 bad input.
     """
@@ -61,6 +68,8 @@ def doctor(
         engine, why = remote.try_connect(pinned, default)
     facts = gather(engine, why, probe)
     findings = check(facts, needs, selected)
+    if pinned is not None:
+        findings += _cache_volume(pinned, engine)
     if serve is None:
         findings += topology.not_checked(len(facts.gpus))
     else:
@@ -96,6 +105,38 @@ def _what_to_check(
         serve = topology.serve_of(f"stack {stack}", argv, resolved.manifest.env, None, origin)
         return needs, None, serve
     return None, None, None
+
+
+def _cache_volume(pinned: Pin, engine: Engine | None) -> list[Finding]:
+    """The pin's cache volume held to knowledge/cache_integrity.yaml: a start killed while it
+    compiled leaves entries the next start loads and fails on, or compiles again. Nothing where
+    the pin mounts none or its engine is unreachable (the engine finding says so); a volume no
+    container has used is not opened (opening it would make it)."""
+    target = target_of(pinned)
+    if target is None or engine is None:
+        return []
+    name = f"cache volume {target.volume}"
+    try:
+        if not engine.containers(volume=target.volume):
+            return [Finding("cache", True, f"{name}: not judged, the pin is not deployed yet")]
+        with open_volume(engine, target.image, target.volume, cache_volume()) as access:
+            damaged = integrity.inspect_volume(access)
+    except (EngineError, OperationFailed, StackError) as exc:
+        return [Finding("cache", True, f"{name}: not judged ({exc})", warn=True)]
+    if not damaged:
+        return [Finding("cache", True, f"{name}: no damaged cache entry")]
+    shown = "; ".join(d.describe() for d in damaged[:3])
+    more = f"; and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+    return [
+        Finding(
+            "cache",
+            False,
+            f"{name} holds {len(damaged)} damaged cache files (a start killed while it "
+            f"compiled leaves these; the next start fails on them or compiles them again): "
+            f"{shown}{more}",
+            integrity.remedy(damaged, target.volume, target.image),
+        )
+    ]
 
 
 def _probe(pinned: Pin | None, default: str | None) -> Probe:

@@ -2,10 +2,12 @@
 do with a pin's cache volume.
 
 - capture: live/ of the volume (after a served smoke, once warm-up has finished) becomes one
-  artifact beside the image, keyed by what the caches are valid for (warm/key.py).
+  artifact beside the image, keyed by what the caches are valid for (warm/key.py); a live/
+  holding damaged entries is refused, nothing pushed (warm/integrity.py).
 - restore: before the server starts, the artifact whose key is exactly this host's fills the
   volume: fetched with its digest checked, every file checked against its list, unpacked into
-  a fresh folder, swapped in (warm/volume.py). No exact key: the nearest one and what differs,
+  a fresh folder, swapped in (warm/volume.py); one whose files would be damaged is refused
+  before anything is written. No exact key: the nearest one and what differs,
   and a cold start, or a refusal when warm is required. A volume already holding that
   artifact is left alone; one holding anything else is replaced whole, never mixed.
 - proof: after the start, each file of live/ that was not there before it is a compile, named
@@ -28,7 +30,7 @@ from builder.evidence.keys import SigningKey
 from builder.evidence.oci import ArtifactStore
 from builder.evidence.trust import TrustPolicy
 from builder.manifest.cache_volume import CacheVolume, cache_volume
-from builder.warm import archive, artifact, ranks, signed
+from builder.warm import archive, artifact, integrity, ranks, signed
 from builder.warm.key import (
     WarmKey,
     gpu_identity,
@@ -161,6 +163,9 @@ def capture(
             )
         tar = Path(scratch) / "cache.tar"
         files = archive.repack(access.read_live(), layout.live, tar, layout)
+        damaged = integrity.inspect_tar(tar, layout)  # exactly what would be pushed
+        if damaged:
+            raise integrity.refused_capture(damaged, target.host, target.volume, target.image)
         statement = (
             None if signer is None else signed.envelope(key, files, tar, target.host, signer)
         )
@@ -263,6 +268,9 @@ def _restore_one(
         tar = Path(scratch) / "cache.tar"
         store.blob_to_file(found.layers[2], tar)
         archive.check(tar, files)
+        damaged = integrity.inspect_tar(tar)  # before anything is written into the volume
+        if damaged:
+            raise integrity.refused_restore(damaged)
         with tar.open("rb") as stream:
             folder = access.stage(uuid.uuid4().hex[:12], stream)
     staged = access.listing(folder)
