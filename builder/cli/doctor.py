@@ -131,7 +131,7 @@ def _cache_volume(pinned: Pin, engine: Engine | None) -> list[Finding]:
         Finding(
             "cache",
             False,
-            f"{name} holds {len(damaged)} damaged cache files (a start killed while it "
+            f"{name} holds {integrity.counted(damaged)} (a start killed while it "
             f"compiled leaves these; the next start fails on them or compiles them again): "
             f"{shown}{more}",
             integrity.remedy(damaged, target.volume, target.image),

@@ -255,6 +255,10 @@ def _read_heads(access: VolumeAccess, batch: list[str]) -> dict[str, bytes]:
 # -- what is said --
 
 
+def counted(damage: list[Damage]) -> str:
+    return f"{len(damage)} damaged cache file{'s' * (len(damage) != 1)}"
+
+
 def listed(damage: list[Damage]) -> str:
     """The damaged files, one a line (the first SHOWN)."""
     lines = [f"  {d.describe()}" for d in damage[:SHOWN]]
@@ -282,7 +286,7 @@ def remedy(damage: list[Damage], volume: str, image: str) -> str:
 def refused_capture(damage: list[Damage], host: str, volume: str, image: str) -> StackError:
     """`cache capture` of a damaged live/: nothing is pushed."""
     return StackError(
-        f"the cache volume {volume} on {host} holds {len(damage)} damaged cache files (a start "
+        f"the cache volume {volume} on {host} holds {counted(damage)} (a start "
         f"killed while it compiled leaves these); nothing was pushed:\n{listed(damage)}",
         hint=remedy(damage, volume, image),
     )

@@ -60,14 +60,14 @@ def test_a_damaged_volume_is_found_by_doctor_and_never_captured(
     doctor = cli_process("doctor", "--host", host.host, check=False)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     failed = [line for line in doctor.stdout.splitlines() if line.startswith("FAIL  cache:")]
-    assert len(failed) == 1 and "holds 1 damaged cache files" in failed[0], doctor.stdout
+    assert len(failed) == 1 and "holds 1 damaged cache file " in failed[0], doctor.stdout
     assert "triton/grp0/kernel.ptx, which is not there" in failed[0]
     remedy = f"docker run --rm -v {target.volume}:/w --entrypoint rm {host.image} -rf -- "
     assert remedy + "/w/live/triton/grp0" in doctor.stdout
 
     captured = cli_process("cache", "capture", host.host, check=False)
     assert captured.returncode == 2, captured.stdout + captured.stderr
-    assert "holds 1 damaged cache files" in captured.stderr
+    assert "holds 1 damaged cache file " in captured.stderr
     assert "nothing was pushed" in captured.stderr and remedy in captured.stderr
     store = ArtifactStore.of_image(host.image)
     assert [f for f in artifact.find(store, target.image_digest) if f.key == key] == []
