@@ -7,6 +7,8 @@ import json
 import click
 
 from builder.cli.app import Settings, cli, pass_settings, registry_option, user_errors
+from builder.engine import imageref
+from builder.errors import StackError
 from builder.evidence.reader import Evidence, read_evidence
 from builder.image.registry import Registry
 
@@ -36,13 +38,25 @@ def print_verdicts(evidence: Evidence) -> None:
 
 
 def image_reference(image: str) -> str:
-    """The tag or digest an IMAGE argument names: `sha256:…`, `REPO@sha256:…`, `REPO:TAG` or a
-    bare tag."""
-    if "@" in image:
-        return image.rpartition("@")[2]
-    if image.startswith("sha256:"):
+    """The tag or digest an IMAGE argument names: `sha256:…`, or by the one grammar
+    (engine/imageref.py) `REPO@sha256:…`, `REPO:TAG@sha256:…` (the digest) or `REPO:TAG`;
+    REPO may carry a registry port (`127.0.0.1:5000/sm120-stacks:TAG`). Bad input is a
+    StackError naming the argument."""
+    if imageref.DIGEST_RE.match(image):
         return image
-    return image.rpartition(":")[2]
+    if image.startswith("sha256:"):
+        raise StackError(f"{image} is not a sha256 digest (64 lower-case hex)", key="IMAGE")
+    try:
+        reference = imageref.parse(image).reference
+    except ValueError as exc:
+        raise StackError(str(exc), key="IMAGE") from None
+    if reference is None:
+        raise StackError(
+            f"{image} names a repository but no tag or digest",
+            key="IMAGE",
+            hint="give REPO:TAG, REPO@sha256:DIGEST, a bare sha256: digest or a stack name",
+        )
+    return reference
 
 
 @cli.command("evidence")

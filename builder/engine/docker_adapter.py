@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
+from builder.engine import imageref
 from builder.engine.address import DEFAULT as DEFAULT_ADDRESS
 from builder.engine.address import is_ssh, local_socket
 from builder.engine.protocol import (
@@ -136,11 +137,16 @@ def _unreachable(where: str | None, exc: Exception) -> ToolMissing:
 
 
 def split_tag(ref: str) -> tuple[str, str | None]:
-    """'host:5000/repo:tag' -> ('host:5000/repo', 'tag'); a port is not a tag."""
-    name, _, tag = ref.rpartition(":")
-    if name and "/" not in tag and "@" not in ref:
-        return name, tag
-    return ref, None
+    """'host:5000/repo:tag' -> ('host:5000/repo', 'tag') by the one grammar (engine/imageref.py:
+    a port is not a tag); a reference with a digest, or none the grammar accepts, is handed to
+    the engine whole, for it to tag or refuse."""
+    try:
+        parts = imageref.parse(ref)
+    except ValueError:
+        return ref, None
+    if parts.digest is not None:
+        return ref, None
+    return parts.repository, parts.tag
 
 
 def engine_reachable(address: str | None) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
+from builder.engine import imageref
 from builder.image.names import source_revision
 from builder.image.records import Record
 from builder.image.verdicts import Verdicts
@@ -186,11 +187,11 @@ def sbom(inputs: SbomInputs) -> bytes:
             )
         )
     for reference, digest in inputs.bases:
-        name, _, tag = reference.rpartition(":") if "@" not in reference else (reference, "", "")
+        base = imageref.parse(reference)  # the lock's base references, checked by the grammar
         components.append(
             Component(
-                name=name or reference,
-                version=digest or f"{tag} (not pinned by digest)",
+                name=base.repository,
+                version=digest or base.digest or f"{base.tag or 'latest'} (not pinned by digest)",
                 type=ComponentType.CONTAINER,
                 bom_ref=f"base/{reference}",
             )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
+from builder.engine import imageref
 from builder.errors import OperationFailed, StackError
 from builder.image.names import REPOSITORY
 from builder.image.registry import Registry
@@ -119,15 +120,14 @@ class ArtifactStore:
     def of_image(cls, image: str) -> ArtifactStore:
         """The store of the repository an image reference (HOST/NAME@sha256:... or :tag)
         names: a pin's image, whichever repository it was pushed to."""
-        repository = image.split("@", 1)[0]
-        host, _, name = repository.partition("/")
-        if not name or ("." not in host and ":" not in host and host != "localhost"):
-            raise StackError(
-                f"{image} names no registry host",
-                hint="pin an image pushed to a registry (`sm120-stacks push STACK`)",
-            )
-        name = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
-        return cls(Registry(host), name)
+        hint = "pin an image pushed to a registry (`sm120-stacks push STACK`)"
+        try:
+            parts = imageref.parse(image)
+        except ValueError as exc:
+            raise StackError(str(exc), hint=hint) from None
+        if parts.host is None:
+            raise StackError(f"{image} names no registry host", hint=hint)
+        return cls(Registry(parts.host), parts.path)
 
     # -- reading --
 

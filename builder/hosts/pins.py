@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 
+from builder.engine import imageref
 from builder.engine.address import ADDRESS_PATTERN
 from builder.engine.protocol import Mount
 from builder.errors import StackError
@@ -32,7 +33,6 @@ from builder.files import write_atomic
 from builder.hosts.hostcheck import Requirements, requirements_for
 from builder.image.names import local_ref
 from builder.image.records import CPU, Record, require_tested
-from builder.manifest import imageref
 from builder.manifest.archflags import capabilities
 from builder.manifest.cache_volume import cache_volume
 from builder.manifest.knowledge import parse_document

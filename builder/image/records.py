@@ -22,11 +22,11 @@ from pydantic import (
     model_validator,
 )
 
+from builder.engine import imageref
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.image.names import HASH_CHARS
 from builder.image.verdicts import CPU, ServedVerdict, Verdict, Verdicts, gpu_kind_key, merge
-from builder.manifest import imageref
 from builder.manifest.model import Sha256, Slug
 
 #: repo@sha256:...: what `pin` copies into a pin; a hand-edited record is refused on reading.

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from builder.engine import imageref
 from builder.engine.protocol import Engine, Image, OnLayer
 from builder.errors import (
     EngineError,
@@ -28,7 +29,6 @@ from builder.errors import (
 )
 from builder.image.names import REPOSITORY, content_tag
 from builder.image.registry_http import refuse_inline_login
-from builder.manifest import imageref
 
 REGISTRY_ENV = "SM120_STACKS_REGISTRY"
 _REGISTRY = imageref.REGISTRY_RE

@@ -19,7 +19,7 @@ from pydantic import (
     model_serializer,
 )
 
-from builder.manifest import imageref
+from builder.engine import imageref
 from builder.manifest.strict import Strict
 
 # --- constrained strings -----------------------------------------------------------------------

@@ -13,8 +13,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from builder.engine import imageref
 from builder.errors import StackError
-from builder.manifest import imageref
 
 ENV_VAR = "SM120_STACKS_BASE_SUBSTITUTE"
 _REF = imageref.REFERENCE_RE
