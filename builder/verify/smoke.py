@@ -27,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.engine.owner import reap_orphans
 from builder.engine.progress import Say
 from builder.engine.protocol import Container, Engine
 from builder.manifest.resolve import ResolvedStack
 from builder.verify.egress import judge_egress
 from builder.verify.kernel_watch import CacheWatches
-from builder.verify.owner import reap_orphans
 from builder.verify.smoke_judge import (
     collect_log,
     driver_cache_listing,
@@ -76,7 +76,7 @@ def run_smoke(
     began = time.monotonic()
     if kernel_cache is not None:
         kernel_cache.before()
-    reap_orphans(engine, log)  # what a run the engine lost left behind (verify/owner.py)
+    reap_orphans(engine, log)  # what a run the engine lost left behind (engine/owner.py)
     container = start_container(engine, image_ref, stack, mounts, gpu, report, log)
     try:
         if container is not None:

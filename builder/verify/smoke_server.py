@@ -15,6 +15,7 @@ from pathlib import Path
 
 import requests
 
+from builder.engine.owner import OWNER_LABEL, owner
 from builder.engine.progress import Say, Throttle
 from builder.engine.protocol import Container, ContainerSpec, Engine, Mount, PortBinding
 from builder.errors import EngineError
@@ -23,7 +24,6 @@ from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import smoke_environment
 from builder.verify.egress import EgressWatch
 from builder.verify.garbage import answer_matches, garbage_reasons
-from builder.verify.owner import OWNER_LABEL, owner
 from builder.verify.smoke_judge import DRIVER_CACHE, judge_floor, log_text, rounded
 from builder.verify.smoke_report import (
     CHECK_ANSWER,

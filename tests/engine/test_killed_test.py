@@ -25,7 +25,7 @@ import pytest
 
 from builder import REPO_ROOT
 from builder.engine.docker_adapter import DockerEngine
-from builder.engine.owner import OWNER_LABEL, STOPPED, owned
+from builder.engine.owner import OWNER_LABEL, STOPPED, boot_id, owned
 from builder.engine.protocol import Container, ContainerSpec
 from builder.engine.throwaway import ThrowawayFailed, run_throwaway
 from builder.errors import EngineNotFound
@@ -54,7 +54,7 @@ if kind == "device-scan":
     from builder.verify.device_code import scan_image
     print(scan_image(engine, resolve("ci-mini", stacks), image))
 else:
-    from builder.verify.kernel_cache import container_watch
+    from builder.verify.kernel_watch import container_watch
     watches = container_watch(engine, image, resolve("vllm-0.33-marlin", stacks))
     assert watches is not None, "vllm-0.33-marlin's FlashInfer has a known cache layout"
     watches.before()
@@ -87,7 +87,8 @@ def slow_python_image(api: Any) -> Iterator[str]:
 
 
 def _owned_by(engine: DockerEngine, pid: int) -> list[Container]:
-    return engine.containers(label=f"{OWNER_LABEL}={socket.gethostname()}:{pid}")
+    """The containers the run with this pid labelled as its own (host:pid@boot)."""
+    return engine.containers(label=f"{OWNER_LABEL}={socket.gethostname()}:{pid}@{boot_id()}")
 
 
 def _until(what: str, found: Callable[[], Any], timeout_s: float) -> Any:

@@ -19,10 +19,10 @@ import pytest
 
 from builder.engine.address import from_environment
 from builder.engine.docker_adapter import DockerEngine, connect_engine
+from builder.engine.owner import OWNER_LABEL, owner
 from builder.errors import ToolMissing
 from builder.manifest.resolve import ResolvedStack, resolve
 from builder.verify.gpu_gate import gpu_available, gpu_gate
-from builder.verify.owner import OWNER_LABEL, owner
 from builder.verify.smoke import run_smoke
 from builder.verify.smoke_judge import DRIVER_CACHE, server_log_path
 from builder.verify.smoke_report import (

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from builder import REPO_ROOT
+from builder.engine.owner import OWNER_LABEL, boot_id
 from builder.image.names import local_ref, moving_ref
 from builder.image.records import load_record
 from builder.manifest.resolve import resolve
 from builder.render.context import render
-from builder.verify.owner import OWNER_LABEL
 from tests.engine.conftest import unique
 
 pytestmark = pytest.mark.engine
@@ -112,7 +112,7 @@ def test_two_folders_build_and_smoke_at_once(
 
     mount = f"{models['trained']}:/models/tiny"
     tests = [start(root, ca, "test", STACK, "--volume", mount) for root in (a, b)]
-    owners = [f"{os.uname().nodename}:{process.pid}" for process in tests]
+    owners = [f"{os.uname().nodename}:{process.pid}@{boot_id()}" for process in tests]
     both(*tests)
     for root, content_hash, image in ((a, hash_a, image_a), (b, hash_b, image_b)):
         record = load_record(root / "build", STACK, content_hash)
