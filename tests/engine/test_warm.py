@@ -53,9 +53,15 @@ SERVER = (
 
 
 @pytest.fixture(scope="module")
-def served_image(api: Any, engine: Any, registry: Registry) -> Iterator[str]:
-    """The local base image in the registry, by digest (what a pin names)."""
-    with pushed_local_base(api, engine, registry, f"sm120-warm-test-{RUN}/server") as image:
+def served_image(
+    api: Any, engine: Any, registry: Registry, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """The local base image in the registry, by digest (what a pin names), in a repository of
+    each test module's own: warm caches are found by the image's referrers in its repository,
+    and the modules that reuse these fixtures (test_trust_warm, test_warm_integrity) push
+    their own, which a cold host here must not find."""
+    module = Path(str(request.module.__file__)).stem
+    with pushed_local_base(api, engine, registry, f"sm120-warm-test-{RUN}/{module}") as image:
         yield image
 
 
