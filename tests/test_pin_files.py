@@ -57,13 +57,13 @@ def _edit(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
 def test_each_capability_is_named_with_its_own_target() -> None:
     """`gpus: [sm90, sm120]` printed "12.0 (sm90), 9.0 (sm120)": sorted capabilities zipped
     with the targets in manifest order."""
-    facts = gather(None, None, _probe("0, NVIDIA A100, 580.95.05, 8.0\n"))
+    facts = gather(None, None, _probe("0, 00000000:17:00.0, 580.95.05, 8.0, NVIDIA A100\n"))
     needs = requirements_for(["sm90", "sm120"], None)
     assert needs.targets == {"sm90": "9.0", "sm120": "12.0"}
     gpu = {f.name: f for f in check(facts, needs)}["gpu"]
     assert not gpu.ok
     assert gpu.detail.endswith("the stack targets 9.0 (sm90), 12.0 (sm120)"), gpu.detail
-    h200 = gather(None, None, _probe("0, NVIDIA H200, 580.95.05, 9.0\n"))
+    h200 = gather(None, None, _probe("0, 00000000:18:00.0, 580.95.05, 9.0, NVIDIA H200\n"))
     assert {f.name: f for f in check(h200, needs)}["gpu"].ok
 
 

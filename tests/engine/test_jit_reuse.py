@@ -77,9 +77,7 @@ def test_a_child_adding_an_unrelated_package_reuses_the_compiled_modules(
     log = build_log(workspace, child)
     assert compile_step_outcome(log) == "CACHED", "the child compiled FlashInfer again"
     assert "flashinfer_jit: [1/1] compiling norm" not in log
-    # The same modules, byte for byte, and made before this build began: not compiled again.
-    # (Not the parent's mtimes: another build with --no-cache on this engine, test_build's
-    # interrupted one, refreshes the cache entry the child takes, after the parent was tagged.)
+    # The modules were made before this build began: not compiled again.
     content_hash = render(resolve(child, workspace / "stacks")).content_hash()
     ctx = template_context(resolve(child, workspace / "stacks"))
     folders = [ctx.jit_env["FLASHINFER_WORKSPACE_BASE"], ctx.aot_dir]
@@ -88,8 +86,10 @@ def test_a_child_adding_an_unrelated_package_reuses_the_compiled_modules(
         for ref in (ci_mini["ref"], local_ref(child, content_hash))
     ]
     assert any(line.endswith("/norm.so") for line in modules[0]), modules[0]
-    sums = [[line for line in m if not line.split(" ", 1)[0].isdigit()] for m in modules]
-    assert sums[0] == sums[1], "the child's modules are not the parent's, byte for byte"
+    # Not the parent's bytes either: nvcc's output differs between two compiles of the same
+    # inputs, and a build cache pruned since the parent was tagged (.ci/run on a full disk)
+    # gives the child a later compile. What proves reuse is the step CACHED and its modules
+    # older than this build.
     made = [int(line.split(" ", 1)[0]) for line in modules[1] if line.split(" ", 1)[0].isdigit()]
     assert made and max(made) < started, "a module of the child was made during its build"
     child_ref = local_ref(child, content_hash)
