@@ -10,7 +10,8 @@
 # What it never does (docs/gpu-host.md): remove, replace, restart or reconfigure an engine it did
 # not install. Any engine present (a socket that answers, docker.service, dockerd, a docker-ce /
 # moby-engine / containerd.io / podman / docker.io package) means nothing engine-related is
-# installed; a stopped one is started through systemd or the command to run is printed. Every apt
+# installed; a stopped one is started through systemd (without systemd: Debian's docker.io as a
+# bare dockerd, as host-setup runs its own) or the command to run is printed. Every apt
 # install is simulated first and refused if it would remove a package; apt's output goes to
 # /var/log/sm120-stacks/apt.log and its error lines are shown. Packages install with service
 # starts forbidden (policy-rc.d), and the docker-registry package's own service (all interfaces,
@@ -211,11 +212,23 @@ engine_evidence() {
   return 0
 }
 
+# debian_docker_io_only: the engine here is Debian's docker.io package and nothing else (no
+# docker-ce, moby-engine, containerd.io or podman package beside it).
+debian_docker_io_only() {
+  local p
+  installed docker.io || return 1
+  for p in "${ENGINE_PACKAGES[@]}"; do
+    [[ $p == docker.io ]] || ! installed "$p" || return 1
+  done
+}
+
 has_docker_unit() { grep -q '^unit ' <<<"$(engine_evidence)"; }
 
 # start_engine: the engine that is here, started the way it is meant to be: systemd's unit on a
-# systemd host (never a bare dockerd there), a bare dockerd only for the one host-setup installed
-# on a host without systemd (a container, CI); otherwise the command to run, and exit 2.
+# systemd host (never a bare dockerd there); on a host without systemd (a container, CI) a bare
+# dockerd only for Debian's docker.io, the engine host-setup itself installs and runs that way
+# (whether this run, an earlier one or the machine's image installed it: its init script fails
+# in a container, `ulimit: error setting limit`); otherwise the command to run, and exit 2.
 start_engine() {
   local found
   found=$(engine_evidence | paste -sd, - | sed 's/,/, /g')
@@ -227,8 +240,10 @@ start_engine() {
     fi
     wait_for 60 "journalctl -u docker" engine_up
     say "started docker.service"
-  elif ! systemd_host && [[ -e $ENGINE_MARK ]]; then
+  elif ! systemd_host && debian_docker_io_only; then
+    [[ -e $ENGINE_MARK ]] || say "Debian's docker.io is installed (not by host-setup) and stopped"
     say "starting dockerd (log: $LOG_DIR/dockerd.log)"
+    mkdir -p "$LOG_DIR"
     setsid dockerd >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
     wait_for 60 "$LOG_DIR/dockerd.log" engine_up
   else

@@ -235,6 +235,35 @@ def test_docker_ce_stopped_without_systemd_gets_the_command_and_no_bare_dockerd(
     assert outcome.calls == ""
 
 
+#: Debian's docker.io installed before host-setup runs (the machine's image, or a host-setup
+#: older than its mark), from the tree's apt cache with service starts forbidden; its dockerd
+#: then replaced by a loud one that links the socket to the fake engine, as a started one would.
+DOCKER_IO_PREINSTALLED = (
+    "printf '#!/bin/sh\\nexit 101\\n' >$ROOT/usr/sbin/policy-rc.d\n"
+    "chmod 755 $ROOT/usr/sbin/policy-rc.d\n"
+    "$C env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-download docker.io"
+    " >$ROOT/tmp/out/docker-io.log 2>&1\n"
+    "rm -f $ROOT/usr/sbin/policy-rc.d\n"
+    'printf \'#!/bin/sh\\necho "$0 $*" >>/var/log/standin-calls.log\\n'
+    "ln -sf /run/fake-engine.sock /run/docker.sock\\n' >$ROOT/usr/sbin/dockerd\n"
+)
+
+
+@pytest.mark.network
+def test_debian_docker_io_stopped_without_systemd_is_started_bare_not_refused(host: Path) -> None:
+    """The CI machine of 2026-12-02: docker.io installed, no systemd, no engine answering and no
+    mark of host-setup's. Its init script fails in a container (ulimit), so host-setup starts
+    it as it starts its own: a bare dockerd; nothing is installed or removed for the engine."""
+    outcome = run_case(host, systemd=False, runs=((),), before_runs=DOCKER_IO_PREINSTALLED)
+    ((rc, stderr),) = outcome.runs
+    assert rc == 0, stderr
+    assert "docker.io is installed (not by host-setup) and stopped" in stderr
+    assert "starting dockerd" in stderr
+    assert outcome.calls.splitlines() == ["/usr/sbin/dockerd "], outcome.calls
+    assert "docker.io" in _installed(outcome.after)
+    assert not (host / "var/lib/sm120-stacks/engine-installed-by-host-setup").exists()
+
+
 @pytest.mark.network
 def test_a_bare_host_gets_docker_io_and_a_loopback_registry_only(host: Path) -> None:
     outcome = run_case(host)
