@@ -488,8 +488,9 @@ def cleanup(work: Path) -> None:
 
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    for old in OUT.glob("*"):
-        old.unlink()
+    for old in OUT.glob("*"):  # this slice's files only: other slices keep their subfolders
+        if old.is_file() or old.is_symlink():
+            old.unlink()
     only = set(os.environ.get("KILL_COMMANDS", "build,push,pin,deploy").split(","))
     work, results = workspace(), []
     began = time.monotonic()
