@@ -22,9 +22,10 @@ runs next (the same one again), and the invariants are checked:
 
 Writes OUT (default bench/results/kill-sweep/state/): sweep.jsonl (kill_sweep's Point fields
 plus "slice": "state"), COMMAND-POINT-{killed,next}.txt, COMMAND-reference.txt, setup-*.txt,
-table.md and FAULTS-section.md. KILL_COMMANDS picks commands (lock,propose,pull,fleet,capture,
-restore); `--table` only rewrites table.md and FAULTS-section.md from sweep.jsonl (two sweeps
-of disjoint commands may run at once into one OUT). Exit 1 on any violation.
+table.md and FAULTS-section.md. KILL_COMMANDS picks commands (lock, propose, list: the parse
+cache and listing memo, pull, fleet, capture, restore); `--table` only rewrites table.md and
+FAULTS-section.md from sweep.jsonl (two sweeps of disjoint commands may run at once into one
+OUT). Exit 1 on any violation.
 """
 
 from __future__ import annotations
@@ -295,6 +296,32 @@ def sweep_propose(work: Path, results: list[ks.Point]) -> None:
         return found
 
     sweep("propose", work, before, checks, results)
+
+
+# --- list: the lock's parse cache and the listing memo ------------------------------------------
+
+
+def sweep_list(work: Path, results: list[ks.Point]) -> None:
+    """`list` reads every lock of stacks/ (ci-mini's, the lock sweep's, the proposal's) and
+    writes each one's parse cache entry, then its listing memo (build/cache/list.json): both
+    cleared before each point, so each point's run writes them again."""
+
+    def before(name: str) -> tuple[None, list[str]]:
+        shutil.rmtree(work / "cache" / "parsed-locks", ignore_errors=True)
+        shutil.rmtree(work / "build" / "cache", ignore_errors=True)
+        return None, ["list"]
+
+    def checks(work: Path, state: None, ran: ks.Ran, when: str) -> list[str]:
+        if when != "next":
+            return []
+        locks = len(list((work / "stacks").glob("*.lock")))
+        entries = len(list((work / "cache" / "parsed-locks").glob("*.json")))
+        found = [] if entries >= locks else [f"{entries} parse cache entries for {locks} locks"]
+        if not (work / "build" / "cache" / "list.json").is_file():
+            found.append("no listing memo after the next list")
+        return found
+
+    sweep("list", work, before, checks, results)
 
 
 # --- images: the pushed variant, pull into a fresh build folder --------------------------------
@@ -721,7 +748,7 @@ def main() -> int:
         return write_table()
     OUT.mkdir(parents=True, exist_ok=True)
     only = set(
-        os.environ.get("KILL_COMMANDS", "lock,propose,pull,fleet,capture,restore").split(",")
+        os.environ.get("KILL_COMMANDS", "lock,propose,list,pull,fleet,capture,restore").split(",")
     )
     if os.environ.get("KILL_FRESH") == "1":
         for old in OUT.glob("*"):
@@ -732,18 +759,21 @@ def main() -> int:
     print(f"run {RUN}: {sorted(only)}, registry {REPOSITORY}", flush=True)
     works: list[Path] = []
     try:
-        if only & {"lock", "propose"}:
+        if only & {"lock", "propose", "list"}:
             work = workspace("lock")
             works.append(work)
             use(work)
             if "lock" in only:
                 sweep_lock(work, results)
-            if "propose" in only:
+            if only & {"propose", "list"}:
                 locked = ks.run(["lock", "ci-mini"], work)
                 ks.save("setup-lock-ci-mini", locked)
                 if locked.code != 0:
                     raise SystemExit(f"setup lock failed: {OUT}/setup-lock-ci-mini.txt")
+            if "propose" in only:
                 sweep_propose(work, results)
+            if "list" in only:
+                sweep_list(work, results)
         if "pull" in only:
             work = workspace("images")
             works.append(work)
