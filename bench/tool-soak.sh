@@ -13,12 +13,25 @@
 #   registry     tags beyond the records' pushes and their evidence; upload sessions left open
 #   build/       files of a content hash no record names; temporary files of a replaced write
 #
+# Each loop is also counted after every round of its own (`tool_soak_leaks.py --loop`, one row
+# per round in leaks-rounds.tsv, round 0 before the first): containers, images, volumes,
+# networks, temporary folders (each loop's commands run with TMPDIR=WORK/tmp/LOOP), build files,
+# registry tags, repositories and open uploads, and the open files of its host engine and of the
+# registry (not leaks, but they must stay flat).
+#
+# FAIL_AT=LOOP:ROUND:STEP[,...] makes that step fail, as a user's would: `push` to a registry
+# that is not there (127.0.0.1:9), `test` with an empty model folder (the server cannot load). The loop counts that
+# round's leaks and goes on with the next round (a failure not asked for still ends the loop).
+# LIMIT_S is looked at before each round: the round under way when it passes runs to its end
+# (loop-*.txt says how far past the limit).
+#
 # The loop fails (exit 1) on any leak or any failed step. Raw logs: bench/results/tool-soak/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LOOPS=${LOOPS:-3}
 LIMIT_S=${LIMIT_S:-1500}
+FAIL_AT=${FAIL_AT:-}
 RUN_ID=${RUN_ID:-$(head -c3 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 export SM120_FLEET_NAME=sm120-soak SM120_FLEET_NET=${SM120_FLEET_NET:-233}
 NET=10.$SM120_FLEET_NET
@@ -49,7 +62,8 @@ trap cleanup EXIT
 : >"$OUT/timeline.txt"
 : >"$OUT/teardown.txt"
 
-stamp "run $RUN_ID: $LOOPS rounds per loop at most, $LIMIT_S s; registry $R; workspace $WORK"
+stamp "run $RUN_ID: $LOOPS rounds per loop at most, $LIMIT_S s; registry $R; workspace $WORK${FAIL_AT:+; failures asked: $FAIL_AT}"
+"$PY" bench/tool_soak_leaks.py --header - - - >"$OUT/leaks-rounds.tsv"
 mkdir -p "$WORK/registry"
 printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n' \
     "$WORK/registry" "$R" >"$WORK/registry.yml"
@@ -62,31 +76,61 @@ fleet_up=1
 
 . bench/workspace.sh
 loop() {  # loop a|b HOST_INDEX: the rounds of one build folder, each step's output kept
-    local id=$1 index=$2 round status=0
+    local id=$1 index=$2 round=0 status=0 began_round failed_step model registry
     local root=$WORK/$id stack=soak-$1-$RUN_ID host=soak-$1-$RUN_ID-host
-    local log=$OUT/loop-$id.txt
+    local log=$OUT/loop-$id.txt tmp=$WORK/tmp/$id
     bench_workspace "$root" "$stack" $'extends: ci-mini\nenv: {SOAK_ROUND: "0"}\n'
     head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$root/api-key"  # the server's key
+    mkdir -p "$tmp"
     : >"$log"
     step() {  # step NAME ARGS...: one command of the round; false when it failed
         local name=$1 began=$SECONDS code=0
         shift
-        (cd "$root" && "$CLI" "$@") >"$OUT/$id-$round-$name.txt" 2>&1 || code=$?
+        (cd "$root" && TMPDIR=$tmp "$CLI" "$@") >"$OUT/$id-$round-$name.txt" 2>&1 || code=$?
         printf '[%4ds] %s round %s %-7s exit %s (%ds)\n' "$SECONDS" "$id" "$round" "$name" \
             "$code" $((SECONDS - began)) | tee -a "$log"
+        ((code == 0)) || failed_step=$name
         return "$code"
     }
+    asked() { [[ ,$FAIL_AT, == *",$id:$round:$1,"* ]]; }  # asked STEP: a failure asked here
+    count() {  # the loop's leaks after its round
+        "$PY" bench/tool_soak_leaks.py "$WORK" "$R" "$RUN_ID" --loop "$id" --round "$round" \
+            --tsv "$OUT/leaks-rounds.tsv" >"$OUT/$id-$round-leaks.txt" 2>&1 || true
+        printf '[%4ds] %s round %s leaks   %s\n' "$SECONDS" "$id" "$round" \
+            "$(grep -E '^leaks in all' "$OUT/$id-$round-leaks.txt" || tail -1 "$OUT/$id-$round-leaks.txt")" |
+            tee -a "$log"
+    }
+    count  # round 0: before the first
     for round in $(seq "$LOOPS"); do
-        if ((SECONDS > LIMIT_S)); then echo "time limit: $round rounds not run" >>"$log"; break; fi
+        if ((SECONDS > LIMIT_S)); then
+            echo "time limit ($LIMIT_S s) passed at ${SECONDS} s: round $round and later not run" >>"$log"
+            break
+        fi
+        began_round=$SECONDS failed_step=
+        model=$MODEL registry=$R/soak-$id
+        if asked test; then model=$WORK/empty-model && mkdir -p "$model"; fi
+        if asked push; then registry=127.0.0.1:9/soak-$id; fi
         printf 'extends: ci-mini\nenv: {SOAK_ROUND: "%s"}\n' "$round" >"$root/stacks/$stack.yaml"
         step build build "$stack" &&
-            step test test "$stack" --volume "$MODEL:/models/tiny:ro" &&
-            step push push "$stack" --registry "$R/soak-$id" &&
+            step test test "$stack" --volume "$model:/models/tiny:ro" &&
+            step push push "$stack" --registry "$registry" &&
             step pin pin "$host" "$stack" --engine "ssh://root@$NET.$index.2" --gpus none \
                 --port 8000:8000 --api-key-file "$root/api-key" --volume "$MODEL:/models/tiny:ro" \
                 --registry "$R/soak-$id" &&
             step deploy deploy "$host" --apply &&
-            step verify verify "$host" || { status=1; break; }
+            step verify verify "$host" || true
+        if ((began_round <= LIMIT_S && SECONDS > LIMIT_S)); then
+            echo "time limit ($LIMIT_S s) passed during round $round: it ended $((SECONDS - LIMIT_S)) s past it" >>"$log"
+        fi
+        count
+        if [[ -n $failed_step ]]; then
+            if asked "$failed_step"; then
+                echo "round $round: $failed_step failed as asked (FAIL_AT); the next round goes on" >>"$log"
+            else
+                status=1
+                break
+            fi
+        fi
     done
     echo "loop $id: exit $status" >>"$log"
     return "$status"

@@ -1,22 +1,32 @@
 """What the tool soak (bench/tool-soak.sh) left behind beyond what its records and pins name.
 
-    python bench/tool_soak_leaks.py WORK REGISTRY RUN_ID
+    python bench/tool_soak_leaks.py WORK REGISTRY RUN_ID [--loop a|b] [--round N --tsv FILE]
 
-WORK holds the two loops' folders (a/, b/), each with build/ and hosts/; REGISTRY is the soak's
-own registry; the loops' stacks are soak-{a,b}-RUN_ID, their hosts soak-{a,b}-RUN_ID-host on
-the fleet's engines (unix:///run/sm120-soak/hI/docker.sock, I = 1 for a, 2 for b). One line per
-kind of leak and its count; exit status 1 when any count is not 0. Only this soak's own things
-are looked at: other users' containers and tags on the shared engine are not counted.
+WORK holds the two loops' folders (a/, b/), each with build/ and hosts/, and tmp/a, tmp/b (the
+loops' TMPDIR); REGISTRY is the soak's own registry; the loops' stacks are soak-{a,b}-RUN_ID,
+their hosts soak-{a,b}-RUN_ID-host on the fleet's engines (unix:///run/sm120-soak/hI/docker.sock,
+I = 1 for a, 2 for b). One line per kind of leak and its count; exit status 1 when any count is
+not 0. Only this soak's own things are looked at: other users' containers and tags on the
+shared engine are not counted.
+
+--loop counts one loop's things only (what the other loop has in flight is not looked at):
+the soak counts each loop after each of its rounds. --tsv appends one row of counts per kind
+(containers, images, volumes, networks, temporary folders, build files, registry tags,
+repositories and open uploads; and the open files of the loop's host engine and of the
+registry, which are not leaks but must stay flat) for the round.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import re
 import subprocess
 import sys
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -60,13 +70,14 @@ def docker(engine: str | None, *args: str) -> list[str]:
 def engine_tags(folders: list[Folder], registry: str) -> list[str]:
     """Soak tags on this machine's engine that no record names (content tag or moving tag)."""
     leaked = []
-    repositories = {"sm120-stacks"} | {f"{registry}/soak-{loop}/sm120-stacks" for loop in "ab"}
     for line in docker(None, "images", "--format", "{{.Repository}}:{{.Tag}}"):
         repository, _, tag = line.rpartition(":")
         for f in folders:
             if not tag.startswith(f.stack):
                 continue
-            if repository not in repositories:
+            loop = f.root.name
+            if repository not in {"sm120-stacks", f"{registry}/soak-{loop}/sm120-stacks"}:
+                leaked.append(line)  # a name for another registry (a failed push's, say)
                 continue
             rest = tag[len(f.stack) :]
             if rest and not (rest.startswith("-") and rest[1:] in f.hashes):
@@ -112,6 +123,11 @@ def registry_leaks(folders: list[Folder], registry: str, storage: Path) -> dict[
     (evidence is tagged sha256-<digest of the image>, or named by the image's referrers), and
     upload sessions left open."""
     leaked: list[str] = []
+    with urllib.request.urlopen(f"http://{registry}/v2/_catalog?n=1000") as answer:
+        catalog = json.load(answer).get("repositories") or []
+    prefixes = tuple(f"soak-{f.root.name}/" for f in folders)
+    pushed = {repository.partition("/")[2] for f in folders for repository in f.pushed}
+    repositories = [r for r in catalog if r.startswith(prefixes) and r not in pushed]
     for f in folders:
         for repository, digests in f.pushed.items():
             name = repository.partition("/")[2]
@@ -122,8 +138,13 @@ def registry_leaks(folders: list[Folder], registry: str, storage: Path) -> dict[
             for tag in tags:
                 if tag not in wanted and not any(tag.startswith(e) for e in evidence):
                     leaked.append(f"{name}:{tag}")
-    uploads = [str(p.relative_to(storage)) for p in storage.rglob("_uploads/*") if p.is_dir()]
-    return {"tags": leaked, "open uploads": uploads}
+    repos = storage / "docker" / "registry" / "v2" / "repositories"
+    uploads = [
+        str(p.relative_to(repos))
+        for p in repos.rglob("_uploads/*")
+        if p.is_dir() and str(p.relative_to(repos)).startswith(prefixes)
+    ]
+    return {"tags": leaked, "repositories": repositories, "open uploads": uploads}
 
 
 def build_leaks(f: Folder) -> list[str]:
@@ -145,9 +166,66 @@ def build_leaks(f: Folder) -> list[str]:
     return leaked
 
 
-def main(work: Path, registry: str, run_id: str) -> int:
+def temporary_folders(f: Folder, work: Path) -> list[str]:
+    """What the loop's commands left in their TMPDIR (WORK/tmp/LOOP): every temporary file or
+    folder the tool makes is its own there, so anything left is the tool's."""
+    tmp = work / "tmp" / f.root.name
+    return sorted(str(p.relative_to(work)) for p in tmp.iterdir()) if tmp.is_dir() else []
+
+
+def open_files(pidfile: Path) -> int | None:
+    """Open file descriptors of the process in pidfile (None when it is not there)."""
+    try:
+        return len(os.listdir(f"/proc/{int(pidfile.read_text().strip())}/fd"))
+    except (OSError, ValueError):
+        return None
+
+
+#: The TSV's columns after time, loop and round: leak kinds (summed from the detailed ones),
+#: then the open-file counts (not leaks).
+KINDS = (
+    "containers",
+    "images",
+    "volumes",
+    "networks",
+    "temporary folders",
+    "build files",
+    "registry tags",
+    "registry repositories",
+    "open uploads",
+)
+
+
+def kind_of(name: str) -> str:
+    for kind, words in (
+        ("containers", ("containers",)),
+        ("images", ("tags", "images")),
+        ("volumes", ("volumes",)),
+        ("networks", ("networks",)),
+        ("temporary folders", ("temporary folders",)),
+        ("build files", ("build files",)),
+        ("registry repositories", ("registry repositories",)),
+        ("open uploads", ("open uploads",)),
+    ):
+        if name.startswith("registry tags"):
+            return "registry tags"
+        if any(name.endswith(w) for w in words):
+            return kind
+    raise ValueError(name)
+
+
+def main(
+    work: Path,
+    registry: str,
+    run_id: str,
+    loops: tuple[str, ...] = ("a", "b"),
+    round_: str | None = None,
+    tsv: Path | None = None,
+) -> int:
     folders = []
     for index, loop in enumerate(("a", "b"), start=1):
+        if loop not in loops:
+            continue
         stack = f"soak-{loop}-{run_id}"
         engine = f"unix:///run/sm120-soak/h{index}/docker.sock"
         folder = Folder(work / loop, stack, f"{stack}-host", engine)
@@ -165,14 +243,54 @@ def main(work: Path, registry: str, run_id: str) -> int:
         for kind, found in host_leaks(f).items():
             counts[f"{f.host} {kind}"] = found
         counts[f"{f.root.name}/build files"] = build_leaks(f)
+        counts[f"{f.root.name} temporary folders"] = temporary_folders(f, work)
     for kind, found in registry_leaks(folders, registry, work / "registry").items():
         counts[f"registry {kind}"] = found
     for kind, found in counts.items():
         print(f"{kind}: {len(found)}" + "".join(f"\n  {item}" for item in found[:20]))
     total = sum(len(found) for found in counts.values())
+    engines = {
+        f.root.name: open_files(Path(f.engine.removeprefix("unix://")).with_name("docker.pid"))
+        for f in folders
+    }
+    served = open_files(work / "registry.pid")
+    print(f"open files (not leaks): host engines {engines}, registry {served}")
     print(f"leaks in all: {total}")
+    if tsv is not None:
+        by_kind = dict.fromkeys(KINDS, 0)
+        for name, found in counts.items():
+            by_kind[kind_of(name)] += len(found)
+        row = [
+            datetime.now(UTC).strftime("%H:%M:%S"),
+            ",".join(loops),
+            round_ or "-",
+            *(str(by_kind[k]) for k in KINDS),
+            str(total),
+            ",".join(str(engines[loop]) for loop in loops),
+            str(served),
+        ]
+        with tsv.open("a") as out:
+            out.write("\t".join(row) + "\n")
     return 1 if total else 0
 
 
+def tsv_header() -> str:
+    names = ["time_utc", "loop", "round", *KINDS, "leaks", "open files: host engine"]
+    return "\t".join([*names, "open files: registry"])
+
+
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), sys.argv[2], sys.argv[3]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("work", type=Path)
+    parser.add_argument("registry")
+    parser.add_argument("run_id")
+    parser.add_argument("--loop", choices=("a", "b"))
+    parser.add_argument("--round")
+    parser.add_argument("--tsv", type=Path)
+    parser.add_argument("--header", action="store_true", help="print the TSV header, nothing else")
+    args = parser.parse_args()
+    if args.header:
+        print(tsv_header())
+        sys.exit(0)
+    loops = (args.loop,) if args.loop else ("a", "b")
+    sys.exit(main(args.work, args.registry, args.run_id, loops, args.round, args.tsv))
