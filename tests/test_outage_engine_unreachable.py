@@ -44,3 +44,16 @@ def test_an_engine_that_refuses_keeps_its_words(capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().err == (
         "failed: the Docker engine: Conflict. The container name is already in use\n"
     )
+
+
+def test_a_streamed_answer_cut_short_is_the_engine_unreachable() -> None:
+    """Engine test t0.70: the engine killed while `test` read a streamed answer; requests said
+    ChunkedEncodingError, which was a plain EngineError ("ChunkedEncodingError: Response ended
+    prematurely", nothing to do). It is the engine gone, as a cut-off push stream is."""
+    import requests
+
+    from builder.engine.docker_adapter import _engine_errors
+
+    cut = pytest.raises(EngineUnreachable, match="dropped the connection mid-stream")
+    with cut, _engine_errors():
+        raise requests.exceptions.ChunkedEncodingError("Response ended prematurely")
