@@ -84,14 +84,16 @@ MIRROR = f"{REGISTRY}/outage-base/cuda:13.0.2-devel-bookworm"
 os.environ["SM120_STACKS_BASE_SUBSTITUTE"] = f"{BASE}={MIRROR}"
 ks.ENV["SM120_STACKS_BASE_SUBSTITUTE"] = f"{BASE}={MIRROR}"  # kill_sweep.run's commands too
 ENV = ks.ENV
+#: OUTAGE_FLEET_NAME / OUTAGE_FLEET_NET: a second fleet beside a run still going (a re-run).
+FLEET_NAME = os.environ.get("OUTAGE_FLEET_NAME", "sm120-outage")
 FLEET = {
     **os.environ,
-    "SM120_FLEET_NAME": "sm120-outage",
-    "SM120_FLEET_NET": "236",
+    "SM120_FLEET_NAME": FLEET_NAME,
+    "SM120_FLEET_NET": os.environ.get("OUTAGE_FLEET_NET", "236"),
     "SM120_FLEET_REGISTRY_PORT": str(PORT),
 }
-NS = "/run/netns/sm120-outage-h1"
-SOCK = "/run/sm120-outage/h1/docker.sock"
+NS = f"/run/netns/{FLEET_NAME}-h1"
+SOCK = f"/run/{FLEET_NAME}/h1/docker.sock"
 ENGINE = f"unix://{SOCK}"
 IN_NS = ["nsenter", f"--net={NS}", "env", f"DOCKER_HOST={ENGINE}"]
 MODELS = ROOT / "build/tiny-model"
@@ -265,7 +267,20 @@ def said_failure(ran: Ran, which: str) -> list[str]:
         )
     if "hung past" in text:
         found.append(f"{which} command hung")
+    if said and not _names_what_to_do(ran.lines[ran.lines.index(said[0]) :]):
+        found.append(f"{which} command's message names nothing to do: {said[0].strip()[:160]}")
     return found
+
+
+#: Words of a message that tells the user what to do next (a hint, a command, again).
+_TO_DO = re.compile(
+    r"\b(again|hint|start|run|fix|check|free|install|set|pass|raise|wait|retry|remove|login)\b",
+    re.IGNORECASE,
+)
+
+
+def _names_what_to_do(lines: list[str]) -> bool:
+    return bool(_TO_DO.search("".join(line for line in lines if not line.startswith("[exit"))))
 
 
 # --- what the registry holds ----------------------------------------------------------------
@@ -704,6 +719,15 @@ def engine_part(reg: OwnRegistry, target: str, only: set[str], results: list[Poi
         mark_tested(work, hashed)
         count = [0]
         if "push" in only:
+            # The layers go up from this engine once, so that the reference and each point
+            # send manifests and evidence and mount the layers (as in the registry part).
+            warm, _ = run_outage(
+                ["push", STACK, "--registry", f"{REGISTRY}/outage-{RUN}-{NONCE}-engine-0"],
+                work,
+                None,
+                in_ns=True,
+            )
+            ks.save("engine-setup-push", warm)
 
             def before_push(name: str) -> tuple[object, list[str], Path]:
                 count[0] += 1
@@ -877,6 +901,29 @@ image tagged, and no record of built or passed, by a run that failed. {took} (ra
 {text}"""
 
 
+def rejudge() -> int:
+    """Judge a finished run's raw output again by said_failure (a check added after it ran):
+    each row's violations gain what the check finds in its killed and next output, marked
+    (judged again); table.md and FAULTS-section.md are written anew."""
+    rows = [json.loads(line) for line in (OUT / "sweep.jsonl").read_text().splitlines()]
+    for row in rows:
+        for which, part in (("the killed", "killed"), ("the next", "next")):
+            path = OUT / f"{row['killed']}-{row['command']}-{row['point']}-{part}.txt"
+            text = path.read_text().splitlines(keepends=True)
+            code = re.search(r"\[exit (-?\d+|None)", text[-1] if text else "")
+            ran = Ran(int(code.group(1)) if code and code.group(1) != "None" else None, 0, text, 0)
+            for found in said_failure(ran, which):
+                if found not in row["violations"]:
+                    row["violations"].append(f"{found} (judged again)")
+    (OUT / "sweep.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    took = (OUT / "table.md").read_text().splitlines()[0] + ", judged again"
+    text = table(rows)
+    (OUT / "table.md").write_text(f"{took}\n\n" + text)
+    (OUT / "FAULTS-section.md").write_text(section(took, text))
+    print(text)
+    return 1 if any(row["violations"] for row in rows) else 0
+
+
 def _stop(signum: int, _frame: object) -> None:
     raise SystemExit(f"stopped by signal {signum}")  # main's finally takes the fleet down
 
@@ -937,4 +984,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(rejudge() if sys.argv[1:] == ["rejudge"] else main())
