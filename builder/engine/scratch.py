@@ -15,6 +15,7 @@ folder, or another host's (a shared /tmp), is never touched.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import shutil
 import socket
 import tempfile
@@ -73,3 +74,19 @@ def _dead(label: str) -> bool:
 
 def glob_escape(text: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def die_with_parent() -> None:
+    """subprocess's preexec_fn: the child is SIGKILLed when the tool dies (Linux). A `uv`
+    that outlived a killed `lock` kept resolving into the run's temporary folder and, as uv
+    makes its output file's folders, made it again after the next run had removed it."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+#: prctl(2)'s option that signals a child when its parent thread exits.
+PR_SET_PDEATHSIG = 1
