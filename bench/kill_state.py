@@ -738,7 +738,9 @@ def write_table() -> int:
         "process of its session; the next command exits 0 or fails with one error line naming "
         "what to do. Raw: `bench/results/kill-sweep/state/`.\n\n"
     )
-    (OUT / "FAULTS-section.md").write_text(head + section)
+    findings = OUT / "findings.md"  # written by hand after a run: what was found and fixed
+    tail = "\n" + findings.read_text() if findings.is_file() else ""
+    (OUT / "FAULTS-section.md").write_text(head + section + tail)
     print(text)
     return 1 if "no violations" not in text else 0
 
