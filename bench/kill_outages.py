@@ -274,7 +274,8 @@ def said_failure(ran: Ran, which: str) -> list[str]:
 
 #: Words of a message that tells the user what to do next (a hint, a command, again).
 _TO_DO = re.compile(
-    r"\b(again|hint|start|run|fix|check|free|install|set|pass|raise|wait|retry|remove|login)\b",
+    r"(?<![/\w.-])(again|hint|start|run|fix|check|free|install|set|pass|raise|wait|retry|remove"
+    r"|login)\b",
     re.IGNORECASE,
 )
 
@@ -913,10 +914,12 @@ def rejudge() -> int:
             code = re.search(r"\[exit (-?\d+|None)", text[-1] if text else "")
             ran = Ran(int(code.group(1)) if code and code.group(1) != "None" else None, 0, text, 0)
             for found in said_failure(ran, which):
-                if found not in row["violations"]:
-                    row["violations"].append(f"{found} (judged again)")
+                again = f"{found} (judged again)"
+                if found not in row["violations"] and again not in row["violations"]:
+                    row["violations"].append(again)
     (OUT / "sweep.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    took = (OUT / "table.md").read_text().splitlines()[0] + ", judged again"
+    took = (OUT / "table.md").read_text().splitlines()[0].removesuffix(", judged again")
+    took += ", judged again"
     text = table(rows)
     (OUT / "table.md").write_text(f"{took}\n\n" + text)
     (OUT / "FAULTS-section.md").write_text(section(took, text))
