@@ -3,15 +3,24 @@ and the one way the tool tells that a file changed without reading it (every mem
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import tempfile
 from pathlib import Path
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write a file so readers see the old or the new content, never a half-written one."""
+    """Write a file so readers see the old or the new content, never a half-written one.
+
+    The temporary file beside it is named by this run (host:pid@boot), and a write removes
+    the ones of the same file that dead runs left: a run SIGKILLed between the two steps
+    leaves it behind, and nothing else would ever remove it (bench/results/kill-sweep/state/:
+    `pull` killed while writing build/cache/digests.json)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    prefix = f".{path.name}."
+    _reap_dead_temporaries(path.parent, prefix)
+    fd, tmp = tempfile.mkstemp(prefix=f"{prefix}{_run_label()}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as handle:
             handle.write(text)
@@ -22,6 +31,45 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _run_label() -> str:
+    """This run: host:pid@boot (as engine/owner.py's owner(), which this floor cannot import)."""
+    return f"{socket.gethostname()}:{os.getpid()}@{_boot_id()}"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:16]
+    except OSError:
+        return ""
+
+
+def _reap_dead_temporaries(folder: Path, prefix: str) -> None:
+    """Remove folder/PREFIX HOST:PID@BOOT.XXXXXXXX files whose run is over: a process of
+    this host that no longer exists in this boot, or any of an earlier boot. Never another
+    host's, a live run's, or one named otherwise."""
+    try:
+        candidates = [p for p in folder.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return
+    for candidate in candidates:
+        label = candidate.name[len(prefix) :].rpartition(".")[0]
+        host, _, rest = label.rpartition(":")
+        pid, _, boot = rest.partition("@")
+        if host != socket.gethostname() or not pid.isdigit() or not boot:
+            continue
+        if boot == _boot_id():
+            try:
+                os.kill(int(pid), 0)
+                continue  # alive
+            except ProcessLookupError:
+                pass
+            except (PermissionError, OverflowError, ValueError):
+                continue
+        if candidate.is_file() and not candidate.is_symlink():
+            with contextlib.suppress(OSError):
+                candidate.unlink()
 
 
 def fingerprint(path: str | os.PathLike[str]) -> str:

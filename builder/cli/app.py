@@ -22,7 +22,14 @@ from rich.console import Console
 from builder.cli import DEFAULT_BUILD_DIR, DEFAULT_STACKS_DIR, console_width
 from builder.engine import address
 from builder.engine.protocol import Engine
-from builder.errors import EXIT_BAD_INPUT, EngineError, OperationFailed, StackError, ToolMissing
+from builder.errors import (
+    EXIT_BAD_INPUT,
+    EngineError,
+    EngineUnreachable,
+    OperationFailed,
+    StackError,
+    ToolMissing,
+)
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
 from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
 from builder.image.registry import REGISTRY_ENV
@@ -50,6 +57,13 @@ def user_errors(func: F) -> F:
             sys.exit(EXIT_BAD_INPUT)
         except OperationFailed as exc:
             click.echo(f"failed: {exc}", err=True)
+            sys.exit(1)
+        except EngineUnreachable as exc:  # the engine went away mid-command (stopped, killed)
+            click.echo(
+                f"failed: the Docker engine stopped answering: {exc.explanation}; once it "
+                "answers again (`docker version`), run the command again",
+                err=True,
+            )
             sys.exit(1)
         except EngineError as exc:  # the engine refused what the input asked: not a bug here
             click.echo(f"failed: the Docker engine: {exc.explanation}", err=True)

@@ -56,7 +56,9 @@ def _run() -> None:
     if _noop_build(sys.argv[1:]) or _kept_listing(sys.argv[1:]):
         return
     from builder.cli.app import cli
+    from builder.engine.scratch import use_run_tempdir
 
+    use_run_tempdir()  # a SIGKILLed run's temporary files are removed by the next run
     cli(prog_name="sm120-stacks")
 
 

@@ -467,8 +467,8 @@ def _engine_errors() -> Iterator[None]:
         raise EngineError(_explanation(exc), status_code=exc.status_code) from exc
     except requests.exceptions.ConnectionError as exc:
         raise EngineUnreachable(f"the engine's API dropped the connection: {exc}") from exc
-    except urllib3.exceptions.ProtocolError as exc:
-        # A streamed answer (push, pull) cut off: the engine stopped or restarted under it.
+    except (urllib3.exceptions.ProtocolError, requests.exceptions.ChunkedEncodingError) as exc:
+        # A streamed answer (push, pull, logs) cut off: the engine stopped or restarted under it.
         raise EngineUnreachable(
             f"the engine's API dropped the connection mid-stream: {exc}"
         ) from exc

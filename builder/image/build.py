@@ -335,9 +335,9 @@ def _run_build(
             "space there and build again: the layers built so far are in the build cache."
         ) from None
     if returncode != 0:
-        failed = progress.tracker.failed
-        if failed is None and progress.tracker.current is not None:
-            raise BuildFailed(_engine_lost(stack, progress.tracker.current, tail, log_path))
+        failed, current = progress.tracker.failed, progress.tracker.current
+        if failed is None and (current is not None or _client_lost_engine(tail)):
+            raise BuildFailed(_engine_lost(stack, current, tail, log_path))
         step = f"step {_short(failed[0])}: {_short(failed[1])}" if failed else "its first step"
         failure = BuildFailed(f"build of {stack} failed at {step}\n  log: {log_path}")
         base = unpullable_base(failed, tail)
@@ -346,12 +346,23 @@ def _run_build(
         raise failure
 
 
-def _engine_lost(stack: str, step: str, tail: deque[str], log_path: Path) -> str:
+#: How the docker CLI says it lost its engine before any step ran (the engine killed as the
+#: build began: bench/results/kill-sweep/outages/, engine-build-t0.70-killed.txt).
+_CLIENT_LOST = ("error during connect", "cannot connect to the docker daemon")
+
+
+def _client_lost_engine(tail: deque[str]) -> bool:
+    return any(line.lower().startswith(_CLIENT_LOST) for line in tail)
+
+
+def _engine_lost(stack: str, step: str | None, tail: deque[str], log_path: Path) -> str:
     """The client failed while no step had: the engine went away under the build (restarted,
-    stopped, its socket gone). No step is to blame, and a retry is what recovers."""
+    stopped, its socket gone), during a step or before the first. No step is to blame, and a
+    retry is what recovers."""
     last = next((line for line in reversed(tail) if line.strip()), "no output")
+    where = f"during step {_short(step, 100)}" if step else "before its first step"
     return (
-        f"build of {stack} stopped during step {_short(step, 100)} with no step failing: the "
+        f"build of {stack} stopped {where} with no step failing: the "
         f"build client lost the engine (it said: {_short(last, 120)}); no image was tagged. "
         f"Build again once the engine answers: the finished steps are in its build cache "
         f"(log: {log_path})"

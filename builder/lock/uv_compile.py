@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from builder.engine.protocol import Engine
+from builder.engine.scratch import die_with_parent
 from builder.errors import (
     StackError,
     ToolMissing,
@@ -171,7 +172,13 @@ def _compile(
         output.write_text("".join(f"{name}=={version}\n" for name, version in prefer.items()))
     argv += ["--output-file", str(output), str(source)]
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=UV_TIMEOUT_S)
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=UV_TIMEOUT_S,
+            preexec_fn=die_with_parent,  # a killed lock's uv must not go on writing
+        )
     except subprocess.TimeoutExpired:
         raise StackError(f"uv did not resolve {stack.name} within {UV_TIMEOUT_S}s") from None
     if result.returncode != 0:

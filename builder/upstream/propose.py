@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder.engine.protocol import Engine
+from builder.engine.scratch import owned_mkdtemp
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.lock.lockfile import Lock
@@ -162,7 +162,8 @@ def propose(
         raise StackError(f"nothing moves: {base.name} already pins {pins}", key="--set")
     remedies: list[AppliedRemedy] = []
     switched: list[AppliedSettings] = []
-    scratch = Path(tempfile.mkdtemp(prefix=f".propose-{name}.", dir=stacks_dir.parent))
+    # named by this run, so a propose after a killed one removes the scratch copy it left
+    scratch = owned_mkdtemp(f".propose-{name}.", stacks_dir.parent)
     try:
         for manifest in stacks_dir.glob("*.yaml"):
             shutil.copy2(manifest, scratch / manifest.name)

@@ -192,6 +192,10 @@ class SoakRun:
         self.started = time.monotonic()
         self.ran_s = 0.0
         self.read_timeout = max(30.0, 2 * settings.stall_s)
+        #: The response each worker is reading (by thread), so the end can cut it off.
+        self.reading: dict[int, requests.Response] = {}
+        #: Requests still open when the soak ended (left out of the counts).
+        self.cut_off = 0
 
     def now(self) -> float:
         return time.monotonic() - self.started
@@ -205,6 +209,7 @@ class SoakRun:
         session = requests.Session()
         session.headers.update(self.server.headers)
         session.headers["User-Agent"] = USER_AGENT
+        session.hooks["response"].append(self.reading_now)
         turn = 0
         while not self.drain.is_set():
             self.request(session, self.prompts[(index + turn) % len(self.prompts)])
@@ -234,7 +239,14 @@ class SoakRun:
             )
             request.error = None if completion.stopped else completion.error
         finally:
+            with self.lock:
+                self.reading.pop(threading.get_ident(), None)
             self.finish(request)
+
+    def reading_now(self, response: requests.Response, *args: object, **kwargs: object) -> None:
+        """The session's response hook: the answer this worker reads (its headers are in)."""
+        with self.lock:
+            self.reading[threading.get_ident()] = response
 
     def token(self, request: _Request) -> None:
         at = self.now()
@@ -262,10 +274,12 @@ class SoakRun:
         at = self.now()
         with self.lock:
             self.open.discard(request)
-            if self.abort.is_set() and request.error is None and request.done is None:
+            if self.abort.is_set():
+                # Open when the soak ended (its reader cut off, or an answer or error that came
+                # after): neither a success nor the server's failure, and the verdict may be
+                # being drawn now.
                 request.error = "ended by the soak"
-            if request.error == "ended by the soak":
-                return  # cut off by the soak itself: neither a success nor the server's failure
+                return
             request.done = at
             self.finished.append(request)
             bucket = self.bucket(at)
@@ -303,7 +317,12 @@ class SoakRun:
                 self.progress.line(self.status(at))
             time.sleep(TICK_S)
         self.drain.set()
-        self.abort.set()
+        with self.lock:
+            self.abort.set()
+            self.cut_off = len(self.open)
+            cut = list(self.reading.values())
+        for response in cut:
+            _cut_off(response)
         for thread in threads:
             thread.join(timeout=GRACE_S / max(1, len(threads)))
         self.ran_s = self.now()
@@ -369,6 +388,19 @@ class SoakRun:
             self.stopped = f"memory past its bound {at:.1f} s into the soak"
             return True
         return False
+
+
+def _cut_off(response: requests.Response) -> None:
+    """End a worker's read now: a stream the server keeps quiet would hold its thread and
+    socket (and the server's work on it) for up to the read timeout after the soak ended.
+    urllib3 2.3+ shuts the socket down, which wakes a read blocked in another thread; an older
+    one only closes the response."""
+    shutdown = getattr(response.raw, "shutdown", None)
+    with contextlib.suppress(Exception):
+        if callable(shutdown):
+            shutdown()
+        else:
+            response.close()
 
 
 def percentile(ordered: list[float], pct: float) -> float | None:

@@ -47,7 +47,14 @@ def soak_checks(soak: SoakRun, memory_source: str) -> list[tuple[str, bool, str]
         detail += f"; first: {errors[0].error}"
     if soak.stopped and soak.stopped.startswith("the server stopped"):
         detail += f"; {soak.stopped}"
-    checks.append((CHECK_ERRORS, ok, detail if total else "no request finished"))
+    if not total:
+        detail = f"no request finished in the soak's {soak.ran_s:.0f} s"
+        if soak.cut_off and not soak.stopped:
+            detail += (
+                f" ({soak.cut_off} still open at its end, left out: an answer takes longer "
+                "than the soak; give --soak more seconds)"
+            )
+    checks.append((CHECK_ERRORS, ok, detail))
     limit = settings.max_memory_growth_mb
     if limit is not None and soak.memory is not None:
         memory = _memory(soak)
@@ -108,6 +115,7 @@ def soak_summary(soak: SoakRun, memory_source: str) -> dict[str, Any]:
         "target": soak.server.base_url,
         "ran_s": _rounded(soak.ran_s),
         "stopped_early": soak.stopped,
+        "cut_off_at_end": soak.cut_off,
         "requests": len(soak.finished),
         "completed": len(done),
         "errors": len(errors),
