@@ -16,10 +16,13 @@ do with a pin's cache volume.
 
 from __future__ import annotations
 
+import io
+import tarfile
 import tempfile
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -196,13 +199,15 @@ def restore(
         recovered = access.recover()
         key = host_key(target, facts, access)
         candidates = artifact.find(store, target.image_digest)
+        purged = _purge_unvouched(engine, access, target, store, candidates, trust)
+        said = partial(_noted, purged=purged, verified=trust is not None)
         exact = [c for c in candidates if c.key == key]
         if not exact:
             result = _no_match(key, candidates)
             result.recovered = recovered
             if require_warm:
                 raise _warm_required(target, result)
-            return _cold(access, result)
+            return said(_cold(access, result))
         refused: list[str] = []
         signed_files: dict[str, list[archive.CapturedFile]] = {}
         if trust is not None:
@@ -210,13 +215,13 @@ def restore(
             exact = [v.found for v in accepted]
             signed_files = {v.found.descriptor.digest: v.files for v in accepted}
             if not exact:
-                return _all_refused(access, target, refused, recovered, require_warm)
+                return said(_all_refused(access, target, refused, recovered, require_warm))
         already = str((access.state(RESTORED) or {}).get("artifact"))
         if any(found.descriptor.digest == already for found in exact):
             _write_base(access)
             done = RestoreResult(already, f"the volume already holds warm cache {already[:19]}")
             done.recovered = recovered
-            return done
+            return said(done)
         _refuse_in_use(engine, target)
         for found in exact:
             try:
@@ -228,8 +233,50 @@ def restore(
                 refused.append(f"{found.descriptor.digest[:19]}: {exc.message}")
                 continue
             done.recovered, done.differences = recovered, refused
-            return done
-        return _all_refused(access, target, refused, recovered, require_warm)
+            return said(done)
+        return said(_all_refused(access, target, refused, recovered, require_warm))
+
+
+def _noted(result: RestoreResult, purged: str | None, verified: bool) -> RestoreResult:
+    """What the restore did, with what the policy made it do (or that there was none)."""
+    if purged is not None:
+        result.detail = f"{purged}\n{result.detail}"
+    if not verified and result.restored is not None:
+        result.detail += f"; {UNVERIFIED}"
+    return result
+
+
+#: What a restore says on a host whose hosts folder has no trust policy.
+UNVERIFIED = (
+    "no trust policy (trust.yaml): its signature was not checked, and an unsigned warm cache "
+    "is restored as a signed one is"
+)
+
+
+def _purge_unvouched(
+    engine: Engine,
+    access: VolumeAccess,
+    target: WarmTarget,
+    store: ArtifactStore,
+    candidates: list[artifact.Found],
+    trust: TrustPolicy | None,
+) -> str | None:
+    """Under a policy, live/ holding what an earlier restore left (restored before the
+    policy, or unsigned) that the policy does not vouch for now is emptied before anything
+    else, so neither a cold start nor a restore that fails runs its code; what was done."""
+    restored = access.state(RESTORED)
+    if trust is None or restored is None:
+        return None
+    why = signed.restored_refusal(store, candidates, restored, trust)
+    if why is None:
+        return None
+    _refuse_in_use(engine, target)
+    empty = io.BytesIO()
+    tarfile.open(fileobj=empty, mode="w").close()
+    empty.seek(0)
+    access.swap_in(access.stage(uuid.uuid4().hex[:12], empty), {})
+    access.clear_restored()
+    return f"emptied the cache volume: it held what the trust policy refuses ({why})"
 
 
 def _all_refused(

@@ -117,3 +117,21 @@ def _vouch_one(store: ArtifactStore, found: Found, policy: TrustPolicy) -> Vouch
     except (KeyError, TypeError) as exc:
         raise Untrusted(f"{name}: its signed file list is malformed ({exc})") from None
     return Vouched(found, files, key_name, str(predicate.get("captured_at", "")))
+
+
+def restored_refusal(
+    store: ArtifactStore, candidates: list[Found], restored: dict[str, Any], policy: TrustPolicy
+) -> str | None:
+    """Why what a restore left in the volume (restored.json: its artifact) must not stay
+    under the policy; None where it may. An artifact restored before the host had a policy
+    (or restored unsigned) is still in live/, and a cold start would load it: it may stay
+    only where the policy vouches for it now, as it would for a restore."""
+    digest = str(restored.get("artifact") or "")
+    same = [found for found in candidates if found.descriptor.digest == digest]
+    if not same:
+        return (
+            f"warm cache {digest[:19]}: it is not in the registry any more, so no signature "
+            "of it can be checked"
+        )
+    accepted, refused = vouched(store, same, policy)
+    return None if accepted else refused[0]

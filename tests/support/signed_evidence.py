@@ -1,0 +1,72 @@
+"""An image's evidence as `push` attaches it (verdict, SBOM, provenance), signed by a key file
+or unsigned, into the repository a pin's image names: for engine tests whose images are not
+built by `push` (test_trust_warm's, test_trust_deploy's), now that `deploy --apply` reads the
+pinned digest's evidence under the hosts' trust policy (builder/hosts/evidence_gate.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builder.evidence import documents
+from builder.evidence.keys import load_signing_key
+from builder.evidence.oci import ArtifactStore
+from builder.evidence.signing import ENVELOPE_MEDIA_TYPE, seal
+from builder.image.records import Record, ServedVerdict
+
+TYPES = {
+    "verdict": documents.VERDICT_TYPE,
+    "sbom": documents.SBOM_TYPE,
+    "provenance": documents.PROVENANCE_TYPE,
+}
+
+
+def evidence_documents(
+    image: str, stack: str, content_hash: str, served: list[ServedVerdict]
+) -> dict[str, bytes]:
+    """The three documents of image (REPOSITORY@DIGEST), as push makes them."""
+    repository, digest = image.rsplit("@", 1)
+    record = Record(stack=stack, content_hash=content_hash, static="passed", served=served)
+    verdict = documents.verdict_document(digest, repository, record, None, False)
+    provenance = documents.provenance(
+        documents.ProvenanceInputs(
+            repository,
+            digest,
+            stack,
+            content_hash,
+            {"Dockerfile": b"FROM x"},
+            [],
+            "unix:///var/run/docker.sock",
+            "buildx",
+            None,
+        )
+    )
+    sbom = {"bomFormat": "CycloneDX", "specVersion": "1.6", "components": [{"bom-ref": "base/x"}]}
+    return {
+        "verdict": documents.canonical(verdict),
+        "sbom": documents.canonical(sbom),
+        "provenance": provenance,
+    }
+
+
+def attach_document(image: str, kind: str, payload: bytes, signer: Path | None) -> None:
+    """One artifact beside image as push attaches it; a DSSE envelope signed by signer's key
+    where given."""
+    store = ArtifactStore.of_image(image)
+    repository, digest = image.rsplit("@", 1)
+    layer, body = TYPES[kind], payload
+    if signer is not None:
+        layer = ENVELOPE_MEDIA_TYPE
+        body = seal(kind, payload, repository, digest, load_signing_key(signer))
+    annotations = {documents.SUBJECT_ANNOTATION: digest, documents.KIND_ANNOTATION: kind}
+    store.attach(store.image(digest), TYPES[kind], layer, body, annotations)
+
+
+def attach_evidence(
+    image: str,
+    stack: str,
+    content_hash: str,
+    signer: Path | None,
+    served: list[ServedVerdict] | None = None,
+) -> None:
+    for kind, payload in evidence_documents(image, stack, content_hash, served or []).items():
+        attach_document(image, kind, payload, signer)
