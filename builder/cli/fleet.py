@@ -23,6 +23,7 @@ from builder.evidence.trust import TrustPolicy
 from builder.hosts import remote
 from builder.hosts.drift import Report
 from builder.hosts.drift import verify as verify_host
+from builder.hosts.evidence_gate import vouch_for_deploy
 from builder.hosts.fleet import (
     NOT_REACHED,
     OK,
@@ -136,6 +137,8 @@ def deploy_pins(
     if not apply_now:
         return
     say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+    for line in vouch_for_deploy(pins, warm.trust, hosts_dir):  # before any host is touched
+        say(line)
     default = settings.engine_address()
 
     def url(pin: Pin) -> str:

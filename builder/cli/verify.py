@@ -443,7 +443,13 @@ def _record_served(
     local.add_served(verdict)
     save_record(settings.build_dir, local)
     state = "passed" if verdict.passed else "failed"
+    signed = (
+        f"signed by key {signer.key_id[:16]}"
+        if signer is not None
+        else "unsigned: a host with a trust policy will not count it (--signing-key)"
+    )
     click.echo(
-        f"recorded: served on {verdict.gpu_kind} ({state}) for {evidence.ref}: {attached.digest}",
+        f"recorded: served on {verdict.gpu_kind} ({state}) for {evidence.ref}: "
+        f"{attached.digest}\n  {signed}",
         err=True,
     )

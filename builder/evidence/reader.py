@@ -114,18 +114,21 @@ def read_evidence(
     reference: str | None = None,
     trust: TrustPolicy | None = None,
     allow_unsigned: bool = False,
+    store: ArtifactStore | None = None,
 ) -> Evidence:
     """The evidence of the image tagged with stack's content tag (or reference: a tag or
     sha256 digest). content_hash, when given, must be what the verdict names. trust: the
     hosts' policy, which every document must satisfy (evidence/vouching.py), and which needs
-    a verdict, an SBOM and a provenance."""
-    store = ArtifactStore(registry)
+    a verdict, an SBOM and a provenance. store: the repository to read, where it is not the
+    registry's own (a pin's image, ArtifactStore.of_image)."""
+    store = store or ArtifactStore(registry)
+    repository = f"{store.registry.host}/{store.name}"
     tag = reference or (content_tag(stack, content_hash) if content_hash else stack)
     image = store.image(tag)
     artifacts, found_by = store.referrers(image.digest)
     verdicts: list[VerdictDocument] = []
     signed: set[int] = set()  # the verdicts that came signed: they outrank unsigned ones
-    evidence = Evidence(registry.repository, image.digest, found_by, stack, "")
+    evidence = Evidence(repository, image.digest, found_by, stack, "")
     for descriptor in artifacts:
         manifest = store.manifest(descriptor)
         subject = (manifest.get("subject") or {}).get("digest")
@@ -155,7 +158,7 @@ def read_evidence(
             raise _refused(image.digest, f"artifact {descriptor.digest} is annotated {annotated}")
     if not verdicts:
         raise StackError(
-            f"the registry holds no verdict for {registry.repository}@{image.digest} "
+            f"the registry holds no verdict for {repository}@{image.digest} "
             f"({tag}): it was pushed without its evidence (before sm120-stacks kept evidence "
             "in the registry, or by another tool)",
             hint=f"on the machine that tested it, `sm120-stacks push {stack}` again; or test "

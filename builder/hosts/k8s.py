@@ -30,7 +30,7 @@ from builder.engine.protocol import ContainerSpec, HealthCheck
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.hosts.container import SECRET_TARGET, describe
-from builder.hosts.pins import LABEL_CONTENT, LABEL_HOST, LABEL_STACK, Pin
+from builder.hosts.pin_schema import LABEL_CONTENT, LABEL_HOST, LABEL_STACK, Pin
 from builder.manifest.vllm_argv import last_value
 
 SCHEMA = REPO_ROOT / "knowledge" / "k8s" / "schema.json"
@@ -102,6 +102,21 @@ def manifests(pin: Pin, gpu_product: str | None = None) -> list[dict[str, Any]]:
     selector = {"app.kubernetes.io/name": "sm120-stacks", "app.kubernetes.io/instance": name}
     labels = {**selector, **{key: spec.labels[key] for key in (LABEL_HOST, LABEL_STACK)}}
     annotations = {LABEL_CONTENT: spec.labels[LABEL_CONTENT], "sm120-stacks.image": spec.image}
+    pod = _pod(pin, spec, gpu_product)
+    deployment = _deployment(_metadata(name, labels, annotations), selector, pod)
+    service = _service(_metadata(name, labels, annotations), selector, pin.serve_port)
+    for document in (deployment, service):
+        check(document)
+    return [deployment, service]
+
+
+def _metadata(name: str, labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "labels": labels, "annotations": annotations}
+
+
+def _pod(pin: Pin, spec: ContainerSpec, gpu_product: str | None) -> dict[str, Any]:
+    """The pod's spec: its one container (what runs, as the description says), the GPU count
+    and node selector where it gets GPUs, and its volumes."""
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,
@@ -120,40 +135,43 @@ def manifests(pin: Pin, gpu_product: str | None = None) -> list[dict[str, Any]]:
     mounts, volumes = _volumes(pin, spec)
     container["volumeMounts"] = mounts
     pod["volumes"] = volumes
-    deployment = {
+    return pod
+
+
+def _deployment(
+    metadata: dict[str, Any], selector: dict[str, str], pod: dict[str, Any]
+) -> dict[str, Any]:
+    """One replica, replaced (not rolled: two servers would share the GPUs and the caches)."""
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "metadata": metadata,
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": labels, "annotations": annotations},
+                "metadata": {"labels": metadata["labels"], "annotations": metadata["annotations"]},
                 "spec": pod,
             },
         },
     }
-    service = {
+
+
+def _service(metadata: dict[str, Any], selector: dict[str, str], port: int) -> dict[str, Any]:
+    """A ClusterIP Service on the serve port."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "metadata": metadata,
         "spec": {
             "type": "ClusterIP",
             "selector": selector,
             "ports": [
-                {
-                    "name": PORT_NAME,
-                    "port": pin.serve_port,
-                    "targetPort": PORT_NAME,
-                    "protocol": "TCP",
-                }
+                {"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}
             ],
         },
     }
-    for document in (deployment, service):
-        check(document)
-    return [deployment, service]
 
 
 def render(pin: Pin, gpu_product: str | None = None) -> str:

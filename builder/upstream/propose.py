@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -36,16 +35,16 @@ from builder.lock.lockfile import Lock
 from builder.lock.uv_compile import make_lock
 from builder.lock.writing import write_lock
 from builder.manifest.check import CheckResult, check_stack, violation_error
-from builder.manifest.resolve import STACK_NAME, ResolvedStack, deep_merge, resolve
+from builder.manifest.resolve import STACK_NAME, ResolvedStack, resolve
 from builder.manifest.rules import Rule, SwitchesRemedy
 from builder.manifest.substitute import Substitutions
-from builder.manifest.yamlsafe import load_yaml
 from builder.upstream.carried_bases import ProposedBase, carry_bases
 from builder.upstream.index import IndexClient
 from builder.upstream.moves import Move, plan_moves
+from builder.upstream.proposal_manifest import manifest_text
 from builder.upstream.releases import newest_matching
 from builder.upstream.ruling import firing, mitigations, retired, stack_rules
-from builder.upstream.settings import AppliedSettings, apply_settings, settings_for, settings_lines
+from builder.upstream.settings import AppliedSettings, settings_for
 
 
 @dataclass(frozen=True)
@@ -143,6 +142,58 @@ def propose(
     command: str = "",
 ) -> Proposal:
     """Work out, check and (unless lock=False) lock the new stack, then write it."""
+    target_path = _new_stack_path(name, base, stacks_dir, sets, drops)
+    moves, warnings = plan_moves(base, sets, drops or [], client)
+    if not moves:
+        pins = ", ".join(f"{n} {v}" for n, v in sets.items())
+        raise StackError(f"nothing moves: {base.name} already pins {pins}", key="--set")
+    settled = _settle(
+        _Asked(name, base, sets, drops or [], client, stacks_dir, target_path),
+        _Settled(moves, warnings),
+        lock=lock,
+        engine=engine,
+        substitutions=substitutions,
+        command=command,
+    )
+    remedies, switched, stack, made = (
+        settled.remedies,
+        settled.switched,
+        settled.stack,
+        settled.made,
+    )
+    assert stack is not None  # _settle returns once the proposal resolved
+    applied: list[AppliedSettings | AppliedRemedy] = [*switched, *remedies]
+    warnings = [remedy.describe() for remedy in applied] + settled.warnings
+    bases: list[ProposedBase] = []
+    if made is not None:
+        made, bases = carry_bases(name, stack, made, base)
+        warnings += [b.said for b in bases if b.said]
+    applies, retires, retiring_said = _rule_changes(base, stack, made, settled.moves)
+    proposal = Proposal(
+        name=name,
+        base=base.name,
+        moves=settled.moves,
+        manifest_text=settled.text,
+        applies=applies,
+        retires=retires,
+        warnings=warnings + retiring_said,
+        lock=made,
+        remedies=remedies,
+        settings=switched,
+        bases=bases,
+    )
+    _write(proposal, target_path)
+    return proposal
+
+
+def _new_stack_path(
+    name: str,
+    base: ResolvedStack,
+    stacks_dir: Path,
+    sets: dict[str, str],
+    drops: list[str] | None,
+) -> Path:
+    """Where the proposal goes: refused for a bad or taken name, or with nothing asked."""
     target_path = stacks_dir / f"{name}.yaml"
     if not STACK_NAME.match(name):
         raise StackError(f"{name!r} is not a stack name (lowercase letters, digits, . _ -)")
@@ -156,47 +207,88 @@ def propose(
         )
     if not sets and not drops:
         raise StackError("nothing to propose: give --set NAME=VERSION (or --drop NAME)")
-    moves, warnings = plan_moves(base, sets, drops or [], client)
-    if not moves:
-        pins = ", ".join(f"{n} {v}" for n, v in sets.items())
-        raise StackError(f"nothing moves: {base.name} already pins {pins}", key="--set")
-    remedies: list[AppliedRemedy] = []
-    switched: list[AppliedSettings] = []
+    return target_path
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What the proposal was asked for, and where it is written."""
+
+    name: str
+    base: ResolvedStack
+    sets: dict[str, str]
+    drops: list[str]
+    client: IndexClient
+    stacks_dir: Path
+    target_path: Path
+
+
+@dataclass
+class _Settled:
+    """The proposal as it stands: its moves, warnings and the remedies and settings added;
+    once settled, its manifest text, the stack resolved from it and its lock."""
+
+    moves: list[Move]
+    warnings: list[str]
+    remedies: list[AppliedRemedy] = field(default_factory=list)
+    switched: list[AppliedSettings] = field(default_factory=list)
+    text: str = ""
+    stack: ResolvedStack | None = None
+    made: Lock | None = None
+
+
+def _settle(
+    asked: _Asked,
+    now: _Settled,
+    *,
+    lock: bool,
+    engine: Engine | None,
+    substitutions: Substitutions | None,
+    command: str,
+) -> _Settled:
+    """Resolve, check and lock the proposal in a scratch copy of the stacks folder, adding the
+    remedies of the rules that fire, until none fires (or one fires with no remedy: an error)."""
+    name, base, client = asked.name, asked.base, asked.client
     # named by this run, so a propose after a killed one removes the scratch copy it left
-    scratch = owned_mkdtemp(f".propose-{name}.", stacks_dir.parent)
+    scratch = owned_mkdtemp(f".propose-{name}.", asked.stacks_dir.parent)
     try:
-        for manifest in stacks_dir.glob("*.yaml"):
+        for manifest in asked.stacks_dir.glob("*.yaml"):
             shutil.copy2(manifest, scratch / manifest.name)
         while True:
-            text = manifest_text(name, base, moves, command, switched)
-            (scratch / f"{name}.yaml").write_text(text)
+            now.text = manifest_text(name, base, now.moves, command, now.switched)
+            (scratch / f"{name}.yaml").write_text(now.text)
             try:
-                stack = resolve(name, scratch, substitutions)
-                result = check_stack(stack)
-                made = None
+                now.stack = resolve(name, scratch, substitutions)
+                result = check_stack(now.stack)
+                now.made = None
                 if result.ok and lock:
-                    made = make_lock(stack, engine)
+                    now.made = make_lock(now.stack, engine)
                     # the rules again, on what the image would install
-                    result = check_stack(stack, made.python.versions())
+                    result = check_stack(now.stack, now.made.python.versions())
                 if result.ok:
-                    break
-                more, more_settings = _remedies(result, base, moves, [*remedies, *switched], client)
+                    return now
+                more, more_settings = _remedies(
+                    result, base, now.moves, [*now.remedies, *now.switched], client
+                )
                 if not more and not more_settings:
                     raise violation_error(result)
             except StackError as exc:
-                raise _outside(exc, scratch, target_path, moves) from None
-            switched += more_settings
+                raise _outside(exc, scratch, asked.target_path, now.moves) from None
+            now.switched += more_settings
             if more:
-                remedies += more
-                moves, warnings = _with_remedies(base, sets, drops or [], client, remedies)
+                now.remedies += more
+                now.moves, now.warnings = _with_remedies(
+                    base, asked.sets, asked.drops, client, now.remedies
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    applied: list[AppliedSettings | AppliedRemedy] = [*switched, *remedies]
-    warnings = [remedy.describe() for remedy in applied] + warnings
-    bases: list[ProposedBase] = []
-    if made is not None:
-        made, bases = carry_bases(name, stack, made, base)
-        warnings += [b.said for b in bases if b.said]
+
+
+def _rule_changes(
+    base: ResolvedStack, stack: ResolvedStack, made: Lock | None, moves: list[Move]
+) -> tuple[list[str], list[str], list[str]]:
+    """The rules the proposal brings (fire on it, not on its parent), those it retires, and a
+    warning for each retiring rule whose workaround settings can go."""
     old_rules = stack_rules(base)
     before = {rule.id for rule in old_rules.firing}
     after = set(firing(stack, made.python.versions() if made else {}))
@@ -204,27 +296,13 @@ def propose(
     for move in moves:
         if move.new is not None:
             retiring.update(retired(old_rules, move.package, move.new))
-    for rule in old_rules.quiet:
-        if rule.id in retiring and (settings := mitigations(rule)):
-            warnings.append(
-                f"{rule.id} retires: {', '.join(settings)}, set to work around it, can go "
-                "(review, then edit the proposal)"
-            )
-    proposal = Proposal(
-        name=name,
-        base=base.name,
-        moves=moves,
-        manifest_text=text,
-        applies=sorted(after - before),
-        retires=sorted(retiring - after),
-        warnings=warnings,
-        lock=made,
-        remedies=remedies,
-        settings=switched,
-        bases=bases,
-    )
-    _write(proposal, target_path)
-    return proposal
+    said = [
+        f"{rule.id} retires: {', '.join(settings)}, set to work around it, can go "
+        "(review, then edit the proposal)"
+        for rule in old_rules.quiet
+        if rule.id in retiring and (settings := mitigations(rule))
+    ]
+    return sorted(after - before), sorted(retiring - after), said
 
 
 # --- remedies ----------------------------------------------------------------------------------
@@ -351,88 +429,3 @@ def _outside(exc: StackError, scratch: Path, target: Path, moves: list[Move]) ->
 
 def _summary(moves: list[Move]) -> str:
     return ", ".join(f"{m.package} {m.old or '(new)'} -> {m.new or '(dropped)'}" for m in moves)
-
-
-# --- the manifest ------------------------------------------------------------------------------
-
-
-def manifest_text(
-    name: str,
-    base: ResolvedStack,
-    moves: list[Move],
-    command: str,
-    settings: list[AppliedSettings] | None = None,
-) -> str:
-    """`extends` the old stack and overrides only what moved, each pin with why, and what the
-    remedies set; a full copy when a pin is dropped."""
-    explicit = [m for m in moves if m.explicit and m.new is not None]
-    headline = ", ".join(f"{m.package} {m.new}" for m in explicit) or "new pins"
-    description = (
-        f"{base.name} moved to {headline} (proposed from the package index; "
-        "not yet built or tested)."
-    )
-    header = [
-        f"# Proposed by `{command or f'sm120-stacks propose {name} --from {base.name}'}`.",
-        "# Not built or tested: review the moves, build, test, and set status once it passed.",
-    ]
-    if any(m.new is None for m in moves):
-        return _full_copy(base, moves, header, description, settings or [])
-    lines = [
-        *header,
-        "# The pins below override the parent's; everything else is inherited from it (its",
-        "# notes describe the parent's versions).",
-        f"description: {description}",
-        f"extends: {base.name}",
-        "status: experimental",
-        "python:",
-    ]
-    py = base.manifest.python
-    for section in ("packages", "overrides"):
-        chosen = [m for m in moves if m.section == section]
-        if chosen:
-            lines.append(f"  {section}:")
-        table = py.packages if section == "packages" else py.overrides
-        for move in chosen:
-            pin = table.get(move.package)
-            value = f'"{move.new}"'
-            if pin is not None and pin.extras:
-                value = f"{{version: {value}, extras: [{', '.join(pin.extras)}]}}"
-            was = f"was {move.old}" if move.old else "new"
-            lines.append(f"    {move.package}: {value}  # {move.why} ({was})")
-    lines += settings_lines(base, settings or [])
-    return "\n".join(lines) + "\n"
-
-
-def _full_copy(
-    base: ResolvedStack,
-    moves: list[Move],
-    header: list[str],
-    description: str,
-    settings: list[AppliedSettings],
-) -> str:
-    data: dict[str, Any] = {}
-    for path in reversed(base.sources):
-        data = deep_merge(data, load_yaml(path).data)
-    data.pop("extends", None)
-    for move in moves:
-        table = data["python"].setdefault(move.section, {})
-        if move.new is None:
-            table.pop(move.package, None)
-        elif isinstance(table.get(move.package), dict):
-            table[move.package] = {**table[move.package], "version": move.new}
-        else:
-            table[move.package] = move.new
-    data["description"] = description
-    data["status"] = "experimental"
-    lines = [
-        *header,
-        f"# A full copy of {base.name} as resolved (comments and `extends` dropped): a child",
-        "# stack cannot remove a pin its parent has. What moved:",
-        *(
-            f"#   {m.package}: {m.old or '(new)'} -> {m.new or '(dropped)'}  ({m.why})"
-            for m in moves
-        ),
-        *apply_settings(data, base, settings),
-    ]
-    body = yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
-    return "\n".join(lines) + "\n" + body

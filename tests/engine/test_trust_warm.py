@@ -32,6 +32,7 @@ from builder.warm import archive, artifact, signed
 from builder.warm.lifecycle import host_key
 from builder.warm.volume import open_volume
 from tests.engine.test_warm import _kernel, _serve, _tar_of, hosts, served_image
+from tests.support.signed_evidence import attach_evidence
 
 pytestmark = pytest.mark.engine
 __all__ = ["hosts", "served_image"]  # test_warm's fixtures, used here by name
@@ -41,21 +42,23 @@ H200 = "NVIDIA H200"
 
 
 @pytest.fixture
-def keyring(workspace: Path) -> Iterator[Callable[[dict[str, list[str]]], Path]]:
+def keyring(workspace: Path, served_image: str) -> Iterator[Callable[[dict[str, list[str]]], Path]]:
     """Keys in the hosts folder, and a trust policy naming them for warm caches per GPU kind
-    (removed afterwards: the workspace is the whole session's)."""
+    (removed afterwards: the workspace is the whole session's). The image's evidence is
+    signed by ops, the policy's build key: deploy --apply verifies it first (evidence_gate)."""
     folder = workspace / "hosts"
     keys = folder / "test-keys"
     for name in ("ops", "stranger"):
         if not (keys / f"{name}.key").exists():
             generate_key_pair(keys, name)
     policy = folder / "trust.yaml"
+    attach_evidence(served_image, "warm-test", "0" * 64, keys / "ops.key")
 
     def trust(warm: dict[str, list[str]]) -> Path:
         document = {  # the stranger's key is in no policy
             "version": 1,
             "keys": {"ops": "test-keys/ops.pub"},
-            "purposes": {"build": [], "warm": warm},
+            "purposes": {"build": ["ops"], "warm": warm},
         }
         policy.write_text(json.dumps(document))  # JSON is YAML
         return keys
