@@ -107,43 +107,8 @@ def attach_evidence(
     report = _report(record)
     floating = floating_base(stack, lock)
     verdict = documents.verdict_document(digest, registry.repository, record, report, floating)
-    listed = image_contents(engine, _local(rendered))
-    locked = []
-    notes = []
-    if listed is None:
-        notes.append("the image has no shell: its OS packages and JIT modules are not listed")
-    contents = listed or ImageContents(os_packages=(), distro="debian", jit_files=())
-    if lock is not None:
-        for name, package in sorted({**lock.python.heavy, **lock.python.packages}.items()):
-            locked.append((name, str(package.version), list(package.hashes)))
-        contents = ImageContents(contents.os_packages, contents.distro, contents.jit_files)
-    else:
-        notes.append("no lock: Python packages as pip lists them in the image, without hashes")
-    if floating:
-        notes.append("a base image is not pinned by digest (--allow-floating-base)")
-    sbom = documents.sbom(
-        SbomInputs(registry.repository, digest, locked, _bases(stack, lock), contents, notes)
-    )
-    files = {"Dockerfile": rendered.dockerfile.encode()}
-    for source in stack.sources:
-        files[f"stacks/{source.name}"] = source.read_bytes()
-    if lock is not None:
-        lock_file = stack.sources[0].with_name(f"{stack.name}.lock")
-        if lock_file.is_file():
-            files[f"stacks/{lock_file.name}"] = lock_file.read_bytes()
-    statement = documents.provenance(
-        ProvenanceInputs(
-            repository=registry.repository,
-            digest=digest,
-            stack=stack.name,
-            content_hash=rendered.content_hash(),
-            files=files,
-            bases=_bases(stack, lock),
-            engine=engine.address or DEFAULT_ADDRESS,
-            build_client=build_client,
-            commit=documents.git_commit(),
-        )
-    )
+    sbom = _sbom(engine, registry.repository, digest, stack, rendered, floating)
+    statement = _provenance(engine, registry.repository, digest, stack, rendered, build_client)
     pushed = []
     for kind, media_type, payload in (
         ("verdict", VERDICT_TYPE, documents.canonical(verdict)),
@@ -158,6 +123,69 @@ def attach_evidence(
         layer_type, body = _signed(kind, media_type, payload, registry, digest, signer)
         pushed.append(store.attach(subject, media_type, layer_type, body, annotations))
     return pushed
+
+
+def _sbom(
+    engine: Engine,
+    repository: str,
+    digest: str,
+    stack: ResolvedStack,
+    rendered: RenderedContext,
+    floating: bool,
+) -> bytes:
+    """The SBOM: the locked Python set with its hashes (or what pip lists in the image, without
+    a lock), the bases, the image's OS packages and JIT modules, and notes on what is missing."""
+    lock = rendered.lock
+    listed = image_contents(engine, _local(rendered))
+    locked = []
+    notes = []
+    if listed is None:
+        notes.append("the image has no shell: its OS packages and JIT modules are not listed")
+    contents = listed or ImageContents(os_packages=(), distro="debian", jit_files=())
+    if lock is not None:
+        for name, package in sorted({**lock.python.heavy, **lock.python.packages}.items()):
+            locked.append((name, str(package.version), list(package.hashes)))
+        contents = ImageContents(contents.os_packages, contents.distro, contents.jit_files)
+    else:
+        notes.append("no lock: Python packages as pip lists them in the image, without hashes")
+    if floating:
+        notes.append("a base image is not pinned by digest (--allow-floating-base)")
+    return documents.sbom(
+        SbomInputs(repository, digest, locked, _bases(stack, lock), contents, notes)
+    )
+
+
+def _provenance(
+    engine: Engine,
+    repository: str,
+    digest: str,
+    stack: ResolvedStack,
+    rendered: RenderedContext,
+    build_client: str,
+) -> bytes:
+    """The provenance statement: the build's inputs (Dockerfile, the stack's manifests and its
+    lock), its bases, the engine and build client, and the commit."""
+    lock = rendered.lock
+    files = {"Dockerfile": rendered.dockerfile.encode()}
+    for source in stack.sources:
+        files[f"stacks/{source.name}"] = source.read_bytes()
+    if lock is not None:
+        lock_file = stack.sources[0].with_name(f"{stack.name}.lock")
+        if lock_file.is_file():
+            files[f"stacks/{lock_file.name}"] = lock_file.read_bytes()
+    return documents.provenance(
+        ProvenanceInputs(
+            repository=repository,
+            digest=digest,
+            stack=stack.name,
+            content_hash=rendered.content_hash(),
+            files=files,
+            bases=_bases(stack, lock),
+            engine=engine.address or DEFAULT_ADDRESS,
+            build_client=build_client,
+            commit=documents.git_commit(),
+        )
+    )
 
 
 def _signed(

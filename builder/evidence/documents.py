@@ -18,7 +18,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -27,6 +27,10 @@ from builder.image.names import source_revision
 from builder.image.records import Record
 from builder.image.verdicts import Verdicts
 from builder.manifest.strict import Strict
+
+if TYPE_CHECKING:
+    from cyclonedx.model import HashType
+    from cyclonedx.model.component import Component
 
 VERDICT_TYPE = "application/vnd.sm120-stacks.verdict.v1+json"
 SBOM_TYPE = "application/vnd.cyclonedx+json"
@@ -154,14 +158,10 @@ class SbomInputs:
 
 def sbom(inputs: SbomInputs) -> bytes:
     """A CycloneDX 1.6 JSON document of the image (see the module's docstring)."""
-    from cyclonedx.model import HashAlgorithm, HashType, Property
+    from cyclonedx.model import Property
     from cyclonedx.model.bom import Bom
     from cyclonedx.model.component import Component, ComponentType
     from cyclonedx.output.json import JsonV1Dot6
-    from packageurl import PackageURL
-
-    def sha256(hexes: list[str]) -> list[HashType]:
-        return [HashType(alg=HashAlgorithm.SHA_256, content=h) for h in hexes]
 
     bom = Bom()
     root = Component(
@@ -172,21 +172,53 @@ def sbom(inputs: SbomInputs) -> bytes:
         properties=[Property(name="sm120-stacks:note", value=n) for n in inputs.notes],
     )
     bom.metadata.component = root
-    components = []
+    components = [
+        *_python_components(inputs),
+        *_base_components(inputs.bases),
+        *_os_components(inputs.contents),
+        *_jit_components(inputs.contents),
+    ]
+    seen: set[str] = set()
+    for component in components:
+        if str(component.bom_ref) not in seen:  # a package both locked and listed: once
+            seen.add(str(component.bom_ref))
+            bom.components.add(component)
+    bom.register_dependency(root, list(bom.components))
+    return JsonV1Dot6(bom).output_as_string(indent=None).encode()
+
+
+def _sha256(hexes: list[str]) -> list[HashType]:
+    from cyclonedx.model import HashAlgorithm, HashType
+
+    return [HashType(alg=HashAlgorithm.SHA_256, content=h) for h in hexes]
+
+
+def _python_components(inputs: SbomInputs) -> list[Component]:
+    """The locked Python packages with their hashes, then those pip lists in the image."""
+    from cyclonedx.model.component import Component, ComponentType
+    from packageurl import PackageURL
+
     python = [(n, v, [h.removeprefix("sha256:") for h in hs]) for n, v, hs in inputs.locked]
     python += [(n, v, []) for n, v in inputs.contents.pip_packages]
-    for name, version, hexes in python:
-        components.append(
-            Component(
-                name=name,
-                version=version,
-                type=ComponentType.LIBRARY,
-                purl=PackageURL(type="pypi", name=name, version=version),
-                hashes=sha256(hexes),
-                bom_ref=f"pypi/{name}@{version}",
-            )
+    return [
+        Component(
+            name=name,
+            version=version,
+            type=ComponentType.LIBRARY,
+            purl=PackageURL(type="pypi", name=name, version=version),
+            hashes=_sha256(hexes),
+            bom_ref=f"pypi/{name}@{version}",
         )
-    for reference, digest in inputs.bases:
+        for name, version, hexes in python
+    ]
+
+
+def _base_components(bases: list[tuple[str, str | None]]) -> list[Component]:
+    """The base images, by digest where pinned."""
+    from cyclonedx.model.component import Component, ComponentType
+
+    components = []
+    for reference, digest in bases:
         base = imageref.parse(reference)  # the lock's base references, checked by the grammar
         components.append(
             Component(
@@ -196,39 +228,42 @@ def sbom(inputs: SbomInputs) -> bytes:
                 bom_ref=f"base/{reference}",
             )
         )
-    for name, version, arch in inputs.contents.os_packages:
-        purl = PackageURL(
-            type="deb",
-            namespace=inputs.contents.distro,
+    return components
+
+
+def _os_components(contents: ImageContents) -> list[Component]:
+    """The image's OS packages (dpkg's), as deb package URLs of its distro."""
+    from cyclonedx.model.component import Component, ComponentType
+    from packageurl import PackageURL
+
+    return [
+        Component(
             name=name,
             version=version,
-            qualifiers={"arch": arch} if arch else None,
-        )
-        components.append(
-            Component(
+            type=ComponentType.LIBRARY,
+            purl=PackageURL(
+                type="deb",
+                namespace=contents.distro,
                 name=name,
                 version=version,
-                type=ComponentType.LIBRARY,
-                purl=purl,
-                bom_ref=f"deb/{name}@{version}",
-            )
+                qualifiers={"arch": arch} if arch else None,
+            ),
+            bom_ref=f"deb/{name}@{version}",
         )
-    for path, digest in inputs.contents.jit_files:
-        components.append(
-            Component(
-                name=path,
-                type=ComponentType.FILE,
-                hashes=sha256([digest]),
-                bom_ref=f"jit/{path}",
-            )
+        for name, version, arch in contents.os_packages
+    ]
+
+
+def _jit_components(contents: ImageContents) -> list[Component]:
+    """The image's precompiled JIT modules, as files with their sha256."""
+    from cyclonedx.model.component import Component, ComponentType
+
+    return [
+        Component(
+            name=path, type=ComponentType.FILE, hashes=_sha256([digest]), bom_ref=f"jit/{path}"
         )
-    seen: set[str] = set()
-    for component in components:
-        if str(component.bom_ref) not in seen:  # a package both locked and listed: once
-            seen.add(str(component.bom_ref))
-            bom.components.add(component)
-    bom.register_dependency(root, list(bom.components))
-    return JsonV1Dot6(bom).output_as_string(indent=None).encode()
+        for path, digest in contents.jit_files
+    ]
 
 
 def sbom_summary(document: dict[str, Any]) -> dict[str, int]:
