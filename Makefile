@@ -21,7 +21,7 @@ help:
 	@echo "make bench-cache        a fresh engine builds a ci-mini variant from the registry's cache (bench/RESULTS.md)"
 	@echo "make bench-fleet        two hosts (namespaces, sshd, dockerd): roll, rollback, drift (bench/RESULTS.md)"
 	@echo "make bench-faults       a private engine restarted mid-build/push/test, a full registry, a prune (bench/FAULTS.md)"
-	@echo "make bench-kill         SIGKILL build/push/pin/deploy --apply of ci-mini at spread points, invariants checked (bench/FAULTS.md)"
+	@echo "make bench-kill         SIGKILL every state-writing command at spread points, invariants checked (bench/FAULTS.md)"
 	@echo "make bench-tool-soak    two build folders looping build..verify on the fleet, then leaks counted (bench/FAULTS.md)"
 	@echo "make bench-warm-fleet   a warm cache captured on one namespace host, restored and proved on a second"
 	@echo "make arm64-emulated     ci-mini for linux/arm64 under qemu here: qemu/binfmt, arm64 bases, build, test (MEASURE=1: timed cold against amd64, bench/RESULTS.md)"
@@ -132,11 +132,15 @@ bench-fleet: venv host-registry base-cuda-local
 bench-faults: venv host base-cuda-local build/tiny-model
 	bench/engine-faults.sh
 
-# Issue 34's first slice: build, push, pin and deploy --apply of a ci-mini variant SIGKILLed at
-# points spread over each (time, printed lines), the next command run, the invariants checked:
-# bench/FAULTS.md "Kill it anywhere", bench/results/kill-sweep/. Not part of `make test`.
+# Issue 34's sweep: every command that writes state SIGKILLed at points spread over its run (time,
+# printed lines), the next command run, the invariants checked; four slices, each with its own
+# raw output: images (build, push, pin, deploy --apply), state (lock, propose, list, pull, a fleet
+# deploy, cache capture, a restore), serve (test, smoke --record, report, docs), and outages (the
+# registry or the engine killed instead). bench/FAULTS.md "Kill it anywhere",
+# bench/results/kill-sweep/. Not part of `make test`. KILL_SLICES picks slices.
+KILL_SLICES ?= kill_sweep kill_state kill_serve kill_outages
 bench-kill: venv host base-cuda-local build/tiny-model
-	$(BIN)/python bench/kill_sweep.py
+	set -e; for slice in $(KILL_SLICES); do $(BIN)/python bench/$$slice.py; done
 
 # Two loops at once of change, build, test, push, pin, deploy, verify on the namespace fleet,
 # then every leak counted (LOOPS, LIMIT_S): bench/FAULTS.md, bench/results/tool-soak/.
