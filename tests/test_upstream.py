@@ -459,6 +459,48 @@ def test_propose_applies_a_rule_s_remedy_says_so_and_the_stack_checks_clean(
     assert not list(offline.parent.glob(".propose-*"))
 
 
+def test_a_propose_killed_between_its_writes_leaves_no_stack_and_the_next_replaces_its_lock(
+    offline: Path,
+    run_cli: Callable[..., Result],
+    uv_as_recorded: list[dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 34's state slice: propose wrote its manifest, then its lock, so a SIGKILL between
+    the two left a stack without its lock. The manifest is now written last: a kill between
+    leaves a lock alone, which names no stack, and the next propose replaces it."""
+    import builder.files
+    import builder.lock.writing
+    import builder.upstream.propose
+
+    _lock_pinned_as_marlin(offline)
+    order: list[str] = []
+
+    def writes(path: Path, text: str | bytes, *args: object, **kwargs: object) -> None:
+        order.append(Path(path).name)
+        builder.files.write_atomic(path, text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builder.upstream.propose, "write_atomic", writes)
+    monkeypatch.setattr(builder.lock.writing, "write_atomic", writes)
+    args = ("propose", "try", "--from", "offline", "--set", "vllm=0.33.0")
+    result = run_cli(*args, "--json", stacks_dir=offline)
+    assert result.exit_code == 0, result.output
+    assert [n for n in order if n.startswith("try.")] == ["try.lock", "try.yaml"]
+    assert json.loads(result.output)["written"] == [str(offline / n) for n in order[-2:][::-1]]
+
+    (offline / "try.yaml").unlink()  # what a kill between the two writes leaves
+    (offline / "try.lock").write_text((offline / "try.lock").read_text() + "# the killed run's\n")
+    again = run_cli(*args, stacks_dir=offline)
+    assert again.exit_code == 0, again.output
+    assert (offline / "try.yaml").is_file()
+    assert "the killed run's" not in (offline / "try.lock").read_text()
+    assert check_stack(resolve("try", offline)).ok
+
+    (offline / "try.yaml").unlink()
+    unlocked = run_cli(*args, "--no-lock", stacks_dir=offline)
+    assert unlocked.exit_code == 0, unlocked.output
+    assert not (offline / "try.lock").exists()  # a lock alone is not the new manifest's
+
+
 def _lock_pinned_as_marlin(stacks_dir: Path) -> Lock:
     """A lock for stacks/offline pinning its bases as stacks/vllm-0.22-marlin.lock does: a
     digest from public sources, with the note that says it was not verified here."""

@@ -199,9 +199,11 @@ def _new_stack_path(
         raise StackError(f"{name!r} is not a stack name (lowercase letters, digits, . _ -)")
     if name == base.name:
         raise StackError(f"the proposed stack must have a new name, not {name!r}")
-    if target_path.exists() or (stacks_dir / f"{name}.lock").exists():
+    # a lock alone names no stack (a propose killed between the two writes leaves one): it is
+    # replaced; a manifest is somebody's proposal
+    if target_path.exists():
         raise StackError(
-            f"stacks/{name}.yaml or its lock already exists",
+            f"stacks/{name}.yaml already exists",
             file=target_path,
             hint="choose another name, or delete the old proposal first",
         )
@@ -398,15 +400,19 @@ def _with_remedies(
 
 
 def _write(proposal: Proposal, target_path: Path) -> None:
-    """The manifest, then the lock; a failure removes whatever of the two was written."""
+    """The lock, then the manifest: the manifest is what makes the stack, so a run killed
+    between the two leaves only a lock, which names no stack and the next propose replaces;
+    a failure removes whatever of the two was written."""
     written: list[Path] = []
+    lock_path = target_path.with_name(f"{proposal.name}.lock")
     try:
-        write_atomic(target_path, proposal.manifest_text)
-        written.append(target_path)
         if proposal.lock is not None:
-            path = target_path.with_name(f"{proposal.name}.lock")
-            write_lock(path, proposal.lock)
-            written.append(path)
+            write_lock(lock_path, proposal.lock)
+            written.append(lock_path)
+        else:
+            lock_path.unlink(missing_ok=True)  # a killed propose's: not this manifest's lock
+        write_atomic(target_path, proposal.manifest_text)
+        written.insert(0, target_path)
     except BaseException:
         for path in written:
             path.unlink(missing_ok=True)
