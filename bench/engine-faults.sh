@@ -113,9 +113,15 @@ published() {  # published STORAGE TAG: the registry has a manifest under TAG
 blobs() { find "$1" -path '*/blobs/sha256/*/data' 2>/dev/null | wc -l; }
 
 fleet_up=0
+nat_up=0
 cleanup() {
     stamp "teardown"
     [[ $fleet_up == 1 ]] && scripts/fleet-netns.sh down >>"$OUT/teardown.txt" 2>&1
+    if [[ $nat_up == 1 ]]; then
+        iptables -t nat -D "${NAT_RULE[@]}" 2>/dev/null || true
+        iptables -D FORWARD -s "$FLEET_SUBNET" -j ACCEPT 2>/dev/null || true
+        iptables -D FORWARD -d "$FLEET_SUBNET" -j ACCEPT 2>/dev/null || true
+    fi
     for name in r r2 r3; do
         [[ -f $WORK/$name.pid ]] && kill "$(cat "$WORK/$name.pid")" 2>/dev/null || true
     done
@@ -147,6 +153,17 @@ stamp "0. done: $(tail -1 "$OUT/0-push-$STACK.txt")"
 stamp "the private engine (namespace $NS)"
 scripts/fleet-netns.sh up 1 >"$WORK/fleet.env" 2>"$OUT/0-fleet-up.txt"
 fleet_up=1
+# The private engine's builds reach the package index as this machine's engine's do (through
+# NAT, as docker0's containers do): the variant's jit-deps stage is not in R's inline cache
+# (it keeps the final stage's layers only), and the 2026-12-02 re-run (6aa15e) failed there
+# with "from versions: none". Taken out again at teardown; the registry stays on loopback.
+FLEET_SUBNET="10.$SM120_FLEET_NET.1.0/24"
+NAT_RULE=(POSTROUTING -s "$FLEET_SUBNET" ! -d "$FLEET_SUBNET" -j MASQUERADE)
+sysctl -qw net.ipv4.ip_forward=1
+iptables -t nat -C "${NAT_RULE[@]}" 2>/dev/null || iptables -t nat -A "${NAT_RULE[@]}"
+iptables -C FORWARD -s "$FLEET_SUBNET" -j ACCEPT 2>/dev/null || iptables -I FORWARD -s "$FLEET_SUBNET" -j ACCEPT
+iptables -C FORWARD -d "$FLEET_SUBNET" -j ACCEPT 2>/dev/null || iptables -I FORWARD -d "$FLEET_SUBNET" -j ACCEPT
+nat_up=1
 
 stamp "1. restart during the build's precompile step"
 log_glob="$WORK/build/$VARIANT/logs/*.log"
