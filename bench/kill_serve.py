@@ -30,7 +30,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -38,7 +37,6 @@ import tarfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +60,6 @@ ks.LINE_POINTS = int(os.environ.get("KILL_LINE_POINTS", "4"))
 Checks = Callable[[Path, Any, ks.Ran, str], list[str]]
 
 
-def record(point: ks.Point) -> None:
-    with (OUT / "sweep.jsonl").open("a") as out:
-        out.write(json.dumps({**asdict(point), "slice": "serve"}) + "\n")
-
-
 def pages_cut_short(work: Path) -> list[str]:
     """An HTML page the tool wrote that does not end as a page does: written in place, cut."""
     bad = []
@@ -84,40 +77,9 @@ def sweep(
     before: Callable[[str], tuple[Any, list[str]]],
     checks: Checks,
     results: list[ks.Point],
-    timeout: float = 900,
 ) -> None:
-    """kill_state's sweep with this slice's checks and record."""
-    kst.use(work)
-    _, args = before("ref")
-    reference = ks.run(args, work, timeout=timeout)
-    ks.save(f"{command}-reference", reference)
-    if reference.code != 0:
-        raise SystemExit(f"{command}: the reference run failed: {OUT}/{command}-reference.txt")
-    print(f"{command}: reference {reference.seconds:.1f} s, {len(reference.lines)} lines")
-    kst.clear_temp(work)
-    for name, at, after_line in ks.points(reference):
-        state, args = before(name)
-        killed = ks.run(args, work, kill_at=at, kill_after_line=after_line, timeout=timeout)
-        ks.save(f"{command}-{name}-killed", killed)
-        violations = kst.half_written(work) + pages_cut_short(work)
-        violations += checks(work, state, killed, "killed")
-        following = ks.run(args, work, timeout=timeout)
-        ks.save(f"{command}-{name}-next", following)
-        violations += kst.next_failure(following) + kst.half_written(work) + pages_cut_short(work)
-        violations += kst.temp_left(work)
-        violations += ks.engine_leftovers(killed.pid) + ks.live_processes(killed.pid, work)
-        violations += checks(work, state, following, "next")
-        point = ks.Point(
-            command, name, killed.killed, round(killed.seconds, 1), following.code, violations
-        )
-        results.append(point)
-        record(point)
-        print(
-            f"  {command} {name:14} killed={killed.killed!s:5} at {killed.seconds:5.1f} s"
-            f"  next exit {following.code}  violations {len(violations)} {violations[:2]}",
-            flush=True,
-        )
-        kst.clear_temp(work)
+    """kill_state's sweep, with the pages checked too and the points marked as this slice's."""
+    kst.sweep(command, work, before, checks, results, 900, also=pages_cut_short, slice_name="serve")
 
 
 def build_variant(work: Path, value: str) -> str:
@@ -345,28 +307,6 @@ def sweep_docs(results: list[ks.Point], parent: Path) -> None:
 # --- the run ------------------------------------------------------------------------------------
 
 
-def cleanup(work: Path) -> None:
-    listed = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=sm120-stacks.host={HOST}"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    if listed:
-        subprocess.run(["docker", "rm", "-f", *listed], capture_output=True)
-    tags = [
-        t
-        for t in subprocess.run(
-            ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"],
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        if ks.STACK in t or f"sm120-kill-serve-{RUN}" in t
-    ]
-    if tags:
-        subprocess.run(["docker", "rmi", *tags], capture_output=True)
-    shutil.rmtree(work, ignore_errors=True)
-
-
 def main() -> int:
     if "--table" not in sys.argv:
         OUT.mkdir(parents=True, exist_ok=True)
@@ -387,7 +327,7 @@ def main() -> int:
             if "docs" in only:
                 sweep_docs(results, work)
         finally:
-            cleanup(work)
+            ks.cleanup(work, HOST, f"sm120-kill-serve-{RUN}")
         header = f"run {RUN}, {time.monotonic() - began:.0f} s"
     else:
         header = "judged from sweep.jsonl"

@@ -173,9 +173,13 @@ def next_failure(ran: ks.Ran) -> list[str]:
     return [f"next command exit {ran.code} with {len(said)} error lines: {tail}"]
 
 
-def record(point: ks.Point) -> None:
+def record(point: ks.Point, slice_name: str = "state") -> None:
     with (OUT / "sweep.jsonl").open("a") as out:
-        out.write(json.dumps({**asdict(point), "slice": "state"}) + "\n")
+        out.write(json.dumps({**asdict(point), "slice": slice_name}) + "\n")
+
+
+def nothing_more(work: Path) -> list[str]:
+    return []
 
 
 def sweep(
@@ -185,9 +189,12 @@ def sweep(
     checks: Checks,
     results: list[ks.Point],
     timeout: float = 600,
+    also: Callable[[Path], list[str]] = nothing_more,
+    slice_name: str = "state",
 ) -> None:
     """bench/kill_sweep.py's sweep with this slice's checks: the reference run, then a killed
-    run per point, each followed by the next command (the same one)."""
+    run per point, each followed by the next command (the same one). ALSO: checks of another
+    slice's, after the kill and after the next command."""
     use(work)
     _, args = before("ref")
     reference = ks.run(args, work, timeout=timeout)
@@ -200,17 +207,18 @@ def sweep(
         state, args = before(name)
         killed = ks.run(args, work, kill_at=at, kill_after_line=after_line, timeout=timeout)
         ks.save(f"{command}-{name}-killed", killed)
-        violations = half_written(work) + checks(work, state, killed, "killed")
+        violations = half_written(work) + also(work) + checks(work, state, killed, "killed")
         following = ks.run(args, work, timeout=timeout)
         ks.save(f"{command}-{name}-next", following)
-        violations += next_failure(following) + half_written(work) + temp_left(work)
+        violations += next_failure(following) + half_written(work) + also(work)
+        violations += temp_left(work)
         violations += ks.engine_leftovers(killed.pid) + ks.live_processes(killed.pid, work)
         violations += checks(work, state, following, "next")
         point = ks.Point(
             command, name, killed.killed, round(killed.seconds, 1), following.code, violations
         )
         results.append(point)
-        record(point)
+        record(point, slice_name)
         print(
             f"  {command} {name:14} killed={killed.killed!s:5} at {killed.seconds:5.1f} s"
             f"  next exit {following.code}  violations {len(violations)} {violations[:2]}",

@@ -464,9 +464,10 @@ def table(results: list[Point]) -> str:
     return "\n".join(rows) + "\n\n" + ("\n".join(found) if found else "no violations") + "\n"
 
 
-def cleanup(work: Path) -> None:
+def cleanup(work: Path, host: str = HOST, repository: str = f"sm120-kill-sweep-{RUN}") -> None:
+    """The host's containers, the tags of the stack and of the run's repositories, the folder."""
     listed = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=sm120-stacks.host={HOST}"],
+        ["docker", "ps", "-aq", "--filter", f"label=sm120-stacks.host={host}"],
         capture_output=True,
         text=True,
     ).stdout.split()
@@ -479,7 +480,7 @@ def cleanup(work: Path) -> None:
             capture_output=True,
             text=True,
         ).stdout.split()
-        if STACK in t or f"sm120-kill-sweep-{RUN}" in t
+        if STACK in t or repository in t
     ]
     if tags:
         subprocess.run(["docker", "rmi", *tags], capture_output=True)
