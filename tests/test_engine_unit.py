@@ -548,3 +548,47 @@ def test_the_socket_path_names_a_missing_engine_without_the_sdk(tmp_path: Path) 
 
     with pytest.raises(ToolMissing, match="cannot reach a Docker engine"):
         connect_engine(f"unix://{tmp_path}/no.sock")
+
+
+class _QueuedPushApi:
+    """An engine API whose push stream queues its layers ("Waiting") and then goes quiet: the
+    read times out, as a push does whose layers wait behind other transfers on the engine."""
+
+    timeout = 60
+
+    def __init__(self, statuses: list[str]) -> None:
+        self.statuses = statuses
+
+    def push(self, repository: str, **_: Any) -> Iterator[dict[str, Any]]:
+        import urllib3
+
+        for index, status in enumerate(self.statuses):
+            yield {"status": status, "progressDetail": {}, "id": f"layer{index}"}
+        raise urllib3.exceptions.ReadTimeoutError(None, "/push", "Read timed out.")  # type: ignore[arg-type]
+
+
+class _Client:
+    def __init__(self, api: _QueuedPushApi) -> None:
+        self.api = api
+
+
+@pytest.mark.parametrize(
+    ("statuses", "said"),
+    [
+        (["Layer already exists", "Waiting", "Waiting"], "2 layer(s) still waiting their turn"),
+        (["Layer already exists", "Pushing"], "(the registry stopped answering;"),
+    ],
+)
+def test_a_stalled_push_says_whether_the_engine_still_queued_its_layers(
+    statuses: list[str], said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34's outage slice: a push on an engine busy with two other 3.6 GB pushes went
+    quiet for the stall limit and was told "the registry stopped answering" while the registry
+    answered; layers the engine still holds as "Waiting" are said as such."""
+    monkeypatch.setenv("SM120_STACKS_REGISTRY_TIMEOUT", "5")
+    engine = DockerEngine(_Client(_QueuedPushApi(statuses)))
+    with pytest.raises(EngineError) as caught:
+        engine.push("127.0.0.1:5000/sm120-stacks", "t")
+    assert "stalled: the engine reported no progress for 5 s" in str(caught.value)
+    assert said in str(caught.value)
+    assert caught.value.retried

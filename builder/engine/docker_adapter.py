@@ -157,8 +157,27 @@ def engine_reachable(address: str | None) -> bool:
     return True
 
 
+class LayerStates:
+    """Each layer's last status in a push or pull stream: a stall with layers still "Waiting"
+    (queued by the engine, which moves a few layers at a time over every transfer it runs) is
+    said as such, not only as a registry that stopped answering."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, str] = {}
+
+    def see(self, line: Mapping[str, Any]) -> None:
+        layer, status = line.get("id"), line.get("status")
+        if isinstance(layer, str) and isinstance(status, str) and layer:
+            self.last[layer] = status
+
+    def waiting(self) -> int:
+        return sum(status == "Waiting" for status in self.last.values())
+
+
 def parse_progress_stream(
-    lines: Iterable[Mapping[str, Any]], progress: OnLayer | None = None
+    lines: Iterable[Mapping[str, Any]],
+    progress: OnLayer | None = None,
+    states: LayerStates | None = None,
 ) -> str:
     """Read a push or pull progress stream; the digest it names ("" if none).
 
@@ -171,6 +190,8 @@ def parse_progress_stream(
     digest = ""
     retried = False
     for line in lines:
+        if states is not None:
+            states.see(line)
         if progress is not None:
             progress(layer_event(line))
         if "error" in line or "errorDetail" in line:
@@ -335,15 +356,17 @@ class DockerEngine:
             self.sdk.api.remove_image(ref, noprune=True)
 
     def push(self, repository: str, tag: str, progress: OnLayer | None = None) -> str:
-        with _engine_errors(), _stall_limit(self.sdk.api, "push"):
+        states = LayerStates()
+        with _engine_errors(), _stall_limit(self.sdk.api, "push", states):
             return parse_progress_stream(
-                self.sdk.api.push(repository, tag=tag, stream=True, decode=True), progress
+                self.sdk.api.push(repository, tag=tag, stream=True, decode=True), progress, states
             )
 
     def pull(self, repository: str, tag: str, progress: OnLayer | None = None) -> None:
-        with _engine_errors(), _stall_limit(self.sdk.api, "pull"):
+        states = LayerStates()
+        with _engine_errors(), _stall_limit(self.sdk.api, "pull", states):
             parse_progress_stream(
-                self.sdk.api.pull(repository, tag=tag, stream=True, decode=True), progress
+                self.sdk.api.pull(repository, tag=tag, stream=True, decode=True), progress, states
             )
 
     def registry_digest(self, ref: str) -> str:
@@ -477,7 +500,7 @@ def _engine_errors() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _stall_limit(api: Any, action: str) -> Iterator[None]:
+def _stall_limit(api: Any, action: str, states: LayerStates | None = None) -> Iterator[None]:
     """A push or pull whose stream goes quiet for STALL seconds ends, instead of waiting the
     API's 600 s per read: the engine reports every few hundred kB moved, so silence means the
     registry stopped answering (frozen, or a half-open connection). Closing our end makes the
@@ -492,9 +515,17 @@ def _stall_limit(api: Any, action: str) -> Iterator[None]:
     except (requests.exceptions.ConnectionError, urllib3.exceptions.ReadTimeoutError) as exc:
         if "timed out" not in str(exc).lower():
             raise
+        waiting = states.waiting() if states is not None else 0
+        why = (
+            f"{waiting} layer(s) still waiting their turn: the engine moves a few layers at a "
+            "time over every push and pull it runs, so other transfers on it held them, or the "
+            "registry stopped answering"
+            if waiting
+            else "the registry stopped answering"
+        )
         raise EngineError(
-            f"the {action} stalled: the engine reported no progress for {stall:g} s (the "
-            f"registry stopped answering; {STALL_ENV} sets how long to wait)",
+            f"the {action} stalled: the engine reported no progress for {stall:g} s ({why}; "
+            f"{STALL_ENV} sets how long to wait)",
             retried=True,
         ) from exc
     finally:
