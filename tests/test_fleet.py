@@ -475,3 +475,30 @@ def test_a_failed_smoke_names_each_failed_check_once() -> None:
     checks = [Check("correct answer", False, f"[{p}] -> 'Louisville'") for p in ("cold", "warm")]
     said = fleet._failures([*checks, Check("server stays up", False, "died")])
     assert said == "correct answer (2x): [cold] -> 'Louisville'; server stays up: died"
+
+
+def test_a_rollback_whose_engine_stopped_answering_is_not_called_rolled_back(
+    stacks_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34's outage slice (engine deploy t0.40, t0.70): the engine killed under `deploy
+    --apply` failed the gate, then the previous pin's start; the host was said "rolled back"
+    and the roll's last line named no failure. Now its status says the rollback failed."""
+    from builder.errors import EngineUnreachable
+    from builder.hosts.fleet import ROLLBACK_FAILED
+
+    old = {"gpu-a": _pin(stacks_dir, tmp_path, host="gpu-a", digest="01")}
+    new = [_pin(stacks_dir, tmp_path, host=h, digest="02") for h in ("gpu-a", "gpu-b")]
+    applied: list[tuple[str, str]] = []
+    plan = _fleet(monkeypatch, {("gpu-a", "0202")}, old, applied)
+
+    def engine_gone(pin: Pin, engine: Any, before_start: Any = None) -> str:
+        applied.append((pin.host, pin.image[-4:]))
+        if pin.image.endswith("0101"):
+            raise EngineUnreachable("engine at /run/docker.sock: [Errno 111] Connection refused")
+        return f"started {pin.container}"
+
+    monkeypatch.setattr(fleet, "apply", engine_gone)
+    results = roll(new, plan)
+    assert [r.status for r in results] == [ROLLBACK_FAILED, NOT_REACHED]
+    assert results[0].rollback is not None
+    assert results[0].rollback.startswith("FAILED to start the previous pin")

@@ -27,6 +27,7 @@ from builder.hosts.evidence_gate import vouch_for_deploy
 from builder.hosts.fleet import (
     NOT_REACHED,
     OK,
+    ROLLBACK_FAILED,
     Fleet,
     Gate,
     HostResult,
@@ -192,9 +193,16 @@ def _print_results(results: list[HostResult]) -> None:
     failed = [r for r in results if r.status not in (OK, NOT_REACHED)]
     if failed:
         r = failed[0]
+        down = (
+            " nothing may serve there now (its previous pin did not start either);"
+            if r.status == ROLLBACK_FAILED
+            else ""
+        )
         click.echo(
-            f"the roll stopped at {r.host} ({r.status}); its pin still names {r.image}: fix it "
-            f"(pin {r.host} again) and deploy again; `verify --all` shows what runs where"
+            f"failed: the roll stopped at {r.host} ({r.status}); its pin still names "
+            f"{r.image};{down} once its engine answers (`docker -H {r.engine} version`), fix "
+            f"what the detail says (pin {r.host} again for a failed gate) and deploy again; "
+            "`verify --all` shows what runs where"
         )
     else:
         click.echo(f"deployed {len(results)} host(s), every gate passed")

@@ -38,6 +38,9 @@ from builder.warm.lifecycle import Proof
 OK = "ok"
 FAILED = "failed"
 ROLLED_BACK = "rolled back"
+#: The previous pin could not be started either (its engine stopped answering, say): nothing
+#: may serve on the host, which the summary must not call rolled back.
+ROLLBACK_FAILED = "rollback failed"
 NOT_REACHED = "not reached"
 POLL_S = 1.0
 
@@ -135,8 +138,8 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
         if unchanged:
             result.rollback = "not needed: the host already ran this pin before the roll"
         else:
-            result.rollback = _roll_back(pin, engine, fleet)
-            result.status = ROLLED_BACK
+            result.rollback, started = _roll_back(pin, engine, fleet)
+            result.status = ROLLED_BACK if started else ROLLBACK_FAILED
         fleet.log(f"{pin.host}: rollback: {result.rollback}")
         _not_reached(pins[index + 1 :], results, fleet)
         break
@@ -157,7 +160,9 @@ def _remove_superseded(pin: Pin, engine: Engine, fleet: Fleet) -> None:
         fleet.log(f"{pin.host}: {said}")
 
 
-def _roll_back(pin: Pin, engine: Engine, fleet: Fleet) -> str:
+def _roll_back(pin: Pin, engine: Engine, fleet: Fleet) -> tuple[str, bool]:
+    """What the rollback did, and whether it ended with the host in a state of its choosing
+    (the previous pin started, or nothing left serving): False when it could not act."""
     try:
         previous = fleet.previous(pin.host)
     except StackError as exc:
@@ -165,19 +170,22 @@ def _roll_back(pin: Pin, engine: Engine, fleet: Fleet) -> str:
     else:
         why = "it has no previous pin"
     if previous is None:
-        container = _container(engine, pin.container)
-        if container is None:
-            return f"{why}: nothing of it was started, so nothing serves there now"
-        container.remove(force=True)
-        return f"{why}: its failed container was removed, so nothing serves there now"
+        try:
+            container = _container(engine, pin.container)
+            if container is None:
+                return f"{why}: nothing of it was started, so nothing serves there now", True
+            container.remove(force=True)
+        except EngineError as exc:
+            return f"{why}, and its failed container could not be removed: {_message(exc)}", False
+        return f"{why}: its failed container was removed, so nothing serves there now", True
     fleet.log(f"{pin.host}: back to its previous pin, {previous.stack} {previous.image}")
     try:
         done = apply(previous, engine, fleet.before_start)
     except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
-        return f"FAILED to start the previous pin {previous.image}: {_message(exc)}"
+        return f"FAILED to start the previous pin {previous.image}: {_message(exc)}", False
     gate = _judge(fleet, previous, engine)
     verdict = "passes its gate" if gate.passed else "FAILS its gate too"
-    return f"{done}; the previous pin ({previous.stack}) {verdict}: {gate.detail}"
+    return f"{done}; the previous pin ({previous.stack}) {verdict}: {gate.detail}", True
 
 
 def _judge(fleet: Fleet, pin: Pin, engine: Engine) -> GateResult:
