@@ -140,7 +140,8 @@ bench-faults: venv host base-cuda-local build/tiny-model
 # bench/results/kill-sweep/. Not part of `make test`. KILL_SLICES picks slices.
 KILL_SLICES ?= kill_sweep kill_state kill_serve kill_outages
 bench-kill: venv host base-cuda-local build/tiny-model
-	set -e; for slice in $(KILL_SLICES); do $(BIN)/python bench/$$slice.py; done
+	set -e; for slice in $(KILL_SLICES); do $(BIN)/python bench/$$slice.py; done; \
+	$(BIN)/python bench/kill_table.py
 
 # Two loops at once of change, build, test, push, pin, deploy, verify on the namespace fleet,
 # then every leak counted (LOOPS, LIMIT_S): bench/FAULTS.md, bench/results/tool-soak/.
