@@ -502,3 +502,27 @@ def test_a_rollback_whose_engine_stopped_answering_is_not_called_rolled_back(
     assert [r.status for r in results] == [ROLLBACK_FAILED, NOT_REACHED]
     assert results[0].rollback is not None
     assert results[0].rollback.startswith("FAILED to start the previous pin")
+
+
+@pytest.mark.parametrize(
+    ("error", "lines"),
+    [
+        (None, ["failed: the roll stopped at gpu-a (rollback failed)"]),
+        ("the engine's API dropped the connection", []),  # the command's own error line is it
+    ],
+)
+def test_a_stopped_roll_ends_with_one_line_naming_what_to_do(
+    error: str | None, lines: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 34's outage slice: a gate that failed under a killed engine ended with no failed:
+    line (exit 1, nothing to do); one that failed at apply ended with two after the first fix."""
+    from builder.cli.fleet import _print_results
+    from builder.hosts.fleet import ROLLBACK_FAILED, HostResult
+
+    stopped = HostResult("gpu-a", "unix:///run/h1.sock", "r/s@sha256:" + "1" * 64, ROLLBACK_FAILED)
+    _print_results([HostResult(**{**stopped.__dict__, "error": error})])
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("failed:")]
+    assert [line.split(";")[0] for line in said] == lines
+    if said:
+        assert "once its engine answers (`docker -H unix:///run/h1.sock version`)" in said[0]
+        assert "nothing may serve there now" in said[0]

@@ -198,8 +198,11 @@ def _print_results(results: list[HostResult]) -> None:
             if r.status == ROLLBACK_FAILED
             else ""
         )
+        # one line to act on: the error's own (on stderr, after this) where the host stopped at
+        # an error, this one where it stopped at its gate
+        said = "" if r.error is not None else "failed: "
         click.echo(
-            f"failed: the roll stopped at {r.host} ({r.status}); its pin still names "
+            f"{said}the roll stopped at {r.host} ({r.status}); its pin still names "
             f"{r.image};{down} once its engine answers (`docker -H {r.engine} version`), fix "
             f"what the detail says (pin {r.host} again for a failed gate) and deploy again; "
             "`verify --all` shows what runs where"
