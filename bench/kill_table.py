@@ -1,8 +1,8 @@
 """One table of issue 34's kill sweep over its four slices (bench/FAULTS.md "Kill it anywhere").
 
 Reads each slice's sweep.jsonl (bench/results/kill-sweep/ for the images slice, state/, serve/,
-outages/; outages-push-rerun/ and outages-deploy-rerun/ hold two columns of the outage slice run
-again, on a quieter machine and after a fix) and writes bench/results/kill-sweep/all.md: per
+outages/; outages-push-rerun/ and outages-deploy-rerun*/ hold two columns of the outage slice
+run again, on a quieter machine and after each fix) and writes bench/results/kill-sweep/all.md: per
 command and per thing killed (the tool, the registry or the engine), the kill points, how many
 landed before the end, how many next commands exited 0, and the violations; each row names the
 file it came from. A slice whose sweep.jsonl is missing is said to be not run, never counted as
@@ -24,7 +24,8 @@ SLICES = {
     "serve": SWEEP / "serve",
     "outages": SWEEP / "outages",
     "outages, registry push again": SWEEP / "outages-push-rerun",
-    "outages, engine deploy again": SWEEP / "outages-deploy-rerun",
+    "outages, engine deploy after the first fix": SWEEP / "outages-deploy-rerun-oea88",
+    "outages, engine deploy after the second fix": SWEEP / "outages-deploy-rerun",
 }
 
 
