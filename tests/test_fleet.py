@@ -526,3 +526,24 @@ def test_a_stopped_roll_ends_with_one_line_naming_what_to_do(
     if said:
         assert "once its engine answers (`docker -H unix:///run/h1.sock version`)" in said[0]
         assert "nothing may serve there now" in said[0]
+
+
+def test_an_engine_lost_at_apply_is_said_with_what_to_do(
+    stacks_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34's outage slice, engine deploy t0.10 (run obd0f): the engine killed as `deploy
+    --apply` started the container; the error line said only "the engine's API dropped the
+    connection"."""
+    from builder.errors import EngineUnreachable
+
+    new = [_pin(stacks_dir, tmp_path, host="gpu-a", digest="02")]
+    plan = _fleet(monkeypatch, set(), {}, [])
+
+    def engine_gone(pin: Pin, engine: Any, before_start: Any = None) -> str:
+        raise EngineUnreachable("the engine's API dropped the connection: Connection aborted")
+
+    monkeypatch.setattr(fleet, "apply", engine_gone)
+    (result,) = roll(new, plan)
+    assert result.error is not None
+    assert result.error.startswith("the Docker engine stopped answering: the engine's API")
+    assert "once it answers again (`docker -H" in result.error and "deploy again" in result.error

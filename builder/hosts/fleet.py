@@ -24,7 +24,13 @@ import requests
 
 from builder.engine.progress import Say, Throttle
 from builder.engine.protocol import Container, Engine
-from builder.errors import EngineError, OperationFailed, StackError, ToolMissing
+from builder.errors import (
+    EngineError,
+    EngineUnreachable,
+    OperationFailed,
+    StackError,
+    ToolMissing,
+)
 from builder.hosts.deploy import BeforeStart, apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
@@ -121,7 +127,7 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
             done = apply(pin, engine, fleet.before_start)
         except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
             gate = GateResult(False, f"deploy failed: {_message(exc)}")
-            result.error = exc.explanation if isinstance(exc, EngineError) else str(exc)
+            result.error = _said(exc, result.engine)
             result.bad_input = isinstance(exc, StackError)
         else:
             fleet.log(f"{pin.host}: {done}")
@@ -144,6 +150,17 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
         _not_reached(pins[index + 1 :], results, fleet)
         break
     return results
+
+
+def _said(exc: Exception, engine: str) -> str:
+    """The error as the command prints it: an engine that stopped answering mid-deploy (killed,
+    restarted) with what to do, as every command says it (cli/app.py's user_errors)."""
+    if isinstance(exc, EngineUnreachable):
+        return (
+            f"the Docker engine stopped answering: {exc.explanation}; once it answers again "
+            f"(`docker -H {engine} version`), deploy again"
+        )
+    return exc.explanation if isinstance(exc, EngineError) else str(exc)
 
 
 def _remove_superseded(pin: Pin, engine: Engine, fleet: Fleet) -> None:
