@@ -25,7 +25,8 @@ SLICES = {
     "outages": SWEEP / "outages",
     "outages, registry push again": SWEEP / "outages-push-rerun",
     "outages, engine deploy after the first fix": SWEEP / "outages-deploy-rerun-oea88",
-    "outages, engine deploy after the second fix": SWEEP / "outages-deploy-rerun",
+    "outages, engine deploy after the second fix": SWEEP / "outages-deploy-rerun-obd0f",
+    "outages, engine deploy after the third fix": SWEEP / "outages-deploy-rerun",
 }
 
 
