@@ -12,6 +12,7 @@ zero.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -44,6 +45,11 @@ def rows_of(name: str, folder: Path) -> list[dict[str, object]]:
         point["source"] = str(path.relative_to(ROOT))
         found.append(point)
     return found
+
+
+def one_line(violation: str) -> str:
+    """A violation as one line of the list: the tool's table borders and line breaks out."""
+    return " ".join(re.sub("[\u2500-\u257f]+", " ", violation).split())[:240]
 
 
 def table() -> tuple[str, int, int]:
@@ -81,7 +87,7 @@ def table() -> tuple[str, int, int]:
         lines.append("")
         lines.append(f"Not run (no sweep.jsonl): {', '.join(missing)}: unknown, not zero.")
     found = [
-        f"- {slice_name} {p['command']} {p['point']} ({part}): {v}"
+        f"- {slice_name} {p['command']} {p['point']} ({part}): {one_line(v)}"
         for (slice_name, _, part, _), points in groups.items()
         for p in points
         for v in p["violations"]  # type: ignore[attr-defined]
