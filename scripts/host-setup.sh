@@ -9,9 +9,12 @@
 #
 # What it never does (docs/gpu-host.md): remove, replace, restart or reconfigure an engine it did
 # not install. Any engine present (a socket that answers, docker.service, dockerd, a docker-ce /
-# moby-engine / containerd.io / podman / docker.io package) means nothing engine-related is
-# installed; a stopped one is started through systemd (without systemd: Debian's docker.io as a
-# bare dockerd, as host-setup runs its own) or the command to run is printed. Every apt
+# moby-engine / containerd.io / podman / docker.io package, the Docker snap, rootless Docker)
+# means nothing engine-related is installed; a stopped one is started through systemd (without
+# systemd: Debian's docker.io as a bare dockerd, as host-setup runs its own) or the command to
+# run is printed. What an engine cannot do here is said in one line: podman has no BuildKit
+# (it can pin and deploy, not build); containerd alone (a Kubernetes node) is no Docker engine;
+# rootless Docker and the snap answer on sockets and configs of their own. Every apt
 # install is simulated first and refused if it would remove a package; apt's output goes to
 # /var/log/sm120-stacks/apt.log and its error lines are shown. Packages install with service
 # starts forbidden (policy-rc.d), and the docker-registry package's own service (all interfaces,
@@ -47,6 +50,21 @@ docker_ping() {
   else curl -sf -m 5 --unix-socket /var/run/docker.sock http://localhost/_ping; fi
 }
 
+PODMAN_LINE="podman can pin and deploy (GPUs through CDI: nvidia-ctk cdi generate, docs/gpu-host.md), but its API has no BuildKit: builds need Docker with BuildKit"
+
+# engine_notes: one line for an engine that answers but is not the plain rootful Docker the
+# tool's build and systemd unit assume (podman's API, rootless Docker); nothing otherwise.
+engine_notes() {
+  local version
+  [[ -n "${DOCKER_HOST:-}" ]] || return 0
+  version=$(docker version --format '{{range .Server.Components}}{{.Name}} {{end}}' 2>/dev/null || true)
+  if [[ $version == *Podman* || $DOCKER_HOST == *podman* ]]; then
+    say "DOCKER_HOST is podman's API: $PODMAN_LINE"
+  elif [[ $DOCKER_HOST == unix:///run/user/* ]]; then
+    say "DOCKER_HOST is rootless Docker: build, test and deploy --apply use it; the rendered systemd unit talks to the rootful socket (docs/gpu-host.md, Rootless Docker)"
+  fi
+}
+
 # The registry: SM120_STACKS_REGISTRY (the tool's and the tests' own setting) when it is a
 # loopback HOST:PORT; another registry is the user's to run, and is left alone.
 registry=${SM120_STACKS_REGISTRY:-127.0.0.1:5000}
@@ -73,8 +91,9 @@ registry_state() {
 }
 
 port_taken() {
-  local answer=${1#taken}
-  say "port $port is taken: 127.0.0.1:$port answers${answer:+ '${answer# }'}${answer:- but not over HTTP}, not as an open registry"
+  local answer=${1#taken} said=" but not over HTTP"
+  [[ -n ${answer# } ]] && said=" '${answer# }'"
+  say "port $port is taken: 127.0.0.1:$port answers$said, not as an open registry"
   say "  see what it is:  ss -ltnp 'sport = :$port'"
   say "  if it is the docker-registry package's own service (on all interfaces; an earlier"
   say "  host-setup left it enabled):  systemctl disable --now docker-registry"
@@ -209,7 +228,19 @@ engine_evidence() {
   done
   have dockerd && echo "$(command -v dockerd)"
   [[ -S /var/run/docker.sock ]] && echo "socket /var/run/docker.sock"
+  # The Docker snap (Ubuntu Server's installer offers it): no deb, its own unit and socket.
+  if [[ -e /snap/bin/docker ]] || snap_unit >/dev/null; then echo "snap docker"; fi
+  # Rootless Docker (docker-ce-rootless-extras): a user's dockerd on a socket of their own.
+  have dockerd-rootless.sh && echo "rootless $(command -v dockerd-rootless.sh)"
   return 0
+}
+
+snap_unit() {
+  local d
+  for d in /etc/systemd/system /lib/systemd/system; do
+    [[ -e $d/snap.docker.dockerd.service ]] && { echo "$d/snap.docker.dockerd.service"; return 0; }
+  done
+  return 1
 }
 
 # debian_docker_io_only: the engine here is Debian's docker.io package and nothing else (no
@@ -224,6 +255,14 @@ debian_docker_io_only() {
 
 has_docker_unit() { grep -q '^unit ' <<<"$(engine_evidence)"; }
 
+# containerd_only: containerd.io and no Docker engine beside it (a Kubernetes node).
+containerd_only() {
+  local evidence
+  evidence=$(engine_evidence)
+  grep -q '^package containerd.io$' <<<"$evidence" \
+    && ! grep -qE '^(package (docker|moby|podman)|unit |/|snap |rootless )' <<<"$evidence"
+}
+
 # start_engine: the engine that is here, started the way it is meant to be: systemd's unit on a
 # systemd host (never a bare dockerd there); on a host without systemd (a container, CI) a bare
 # dockerd only for Debian's docker.io, the engine host-setup itself installs and runs that way
@@ -232,6 +271,23 @@ has_docker_unit() { grep -q '^unit ' <<<"$(engine_evidence)"; }
 start_engine() {
   local found
   found=$(engine_evidence | paste -sd, - | sed 's/,/, /g')
+  if [[ $found == *"snap docker"* ]] && ! debian_docker_io_only && ! installed docker-ce; then
+    # The snap's engine serves /var/run/docker.sock; a docker.io beside it would fight it for
+    # the socket at every boot, so none is installed: the snap is started as snapd runs it.
+    if systemd_host && snap_unit >/dev/null; then
+      say "the Docker snap is installed but stopped ($found): systemctl start snap.docker.dockerd (snap start docker)"
+      if ! systemctl start snap.docker.dockerd >>"$LOG_DIR/engine.log" 2>&1; then
+        say "starting the snap failed: see  snap logs docker; snap services docker"
+        exit 1
+      fi
+      wait_for 60 "snap logs docker" engine_up
+      say "started the Docker snap"
+      return 0
+    fi
+    say "the Docker snap is installed ($found) but none answers on /var/run/docker.sock;"
+    say "  host-setup installs no second engine beside it. Start it: snap start docker, then run again"
+    exit 2
+  fi
   if systemd_host && has_docker_unit; then
     say "the engine is installed but stopped ($found): systemctl start docker"
     if ! systemctl start docker >>"$LOG_DIR/engine.log" 2>&1; then
@@ -251,6 +307,17 @@ start_engine() {
     say "  host-setup installs, replaces and restarts no engine it did not install. Start it:"
     if [[ $found == *"package podman"* && $found != *docker* ]]; then
       say "  systemctl enable --now podman.socket, then export DOCKER_HOST=unix:///run/podman/podman.sock"
+      say "  $PODMAN_LINE"
+    elif [[ $found == *"rootless "* && $found != *"package docker-ce"* && $found != *"unit "* ]]; then
+      say "  rootless Docker, as the user who runs it: systemctl --user start docker, then"
+      say "  export DOCKER_HOST=unix://\$XDG_RUNTIME_DIR/docker.sock and run again as that user"
+      say "  (the rendered systemd unit talks to the rootful socket: docs/gpu-host.md, Rootless Docker)"
+    elif containerd_only; then
+      say "  containerd alone is no Docker engine (a Kubernetes node's runtime: it never serves"
+      say "  /var/run/docker.sock). Install Docker CE beside it from Docker's apt repository"
+      say "  (https://docs.docker.com/engine/install/): apt-get install docker-ce docker-ce-cli;"
+      say "  Debian's docker.io would conflict with containerd.io. Or leave this node to Kubernetes:"
+      say "  sm120-stacks deploy HOST --format k8s renders the pin for it"
     elif systemd_host; then
       say "  the way it was installed (no docker.service here), then run again"
     elif [[ -x /etc/init.d/docker ]]; then
@@ -264,7 +331,7 @@ start_engine() {
 
 state=free
 if ((want_registry)); then state=$(registry_state); fi
-if engine_up && [[ $state == ours || $want_registry == 0 ]]; then exit 0; fi
+if engine_up && [[ $state == ours || $want_registry == 0 ]]; then engine_notes; exit 0; fi
 [[ $state == taken* ]] && port_taken "$state"
 if [[ -n "${DOCKER_HOST:-}" ]]; then
   say "DOCKER_HOST=$DOCKER_HOST does not answer; host-setup manages only this machine's engine"

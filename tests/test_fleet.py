@@ -397,6 +397,7 @@ def test_k8s_runs_the_pinned_digest_on_tp_times_pp_gpus(stacks_dir: Path, tmp_pa
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == pin.image and "@sha256:" in container["image"]
+    assert container["imagePullPolicy"] == "IfNotPresent", "a node that has it needs no registry"
     assert container["args"] == pin.command
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 4}}
     assert pod["nodeSelector"] == {

@@ -367,7 +367,77 @@ def test_a_port_taken_by_a_login_registry_is_named_and_another_port_works(host: 
     (refused, said), (rc, stderr) = outcome.runs
     assert refused == 2, said
     assert "port 5000 is taken" in said and "HTTP/1.0 401" in said
+    assert said.count("HTTP/1.0 401") == 1, said  # once, not twice
     assert "SM120_STACKS_REGISTRY=127.0.0.1:5001" in said
     assert rc == 0, stderr
     assert sorted(outcome.listening) == ["127.0.0.1:5000", "127.0.0.1:5001"]
     assert_nothing_removed(outcome)
+
+
+# --- engines that are not a plain rootful Docker (issue 47) ---------------------------------------
+
+SNAP = (
+    "mkdir -p $ROOT/snap/bin && printf '#!/bin/sh\\nexit 1\\n' >$ROOT/snap/bin/docker && "
+    "chmod 755 $ROOT/snap/bin/docker && "
+    "printf '[Service]\\nExecStart=/snap/bin/dockerd\\n' "
+    ">$ROOT/etc/systemd/system/snap.docker.dockerd.service"
+)
+
+
+@pytest.mark.network
+def test_a_stopped_docker_snap_is_started_and_no_docker_io_goes_beside_it(host: Path) -> None:
+    """Ubuntu Server's installer offers the Docker snap: a docker.io beside it would serve the
+    same socket from another image store; the snap's own unit is started instead."""
+    outcome = run_case(host, before_runs=SNAP, runs=((),))
+    ((rc, stderr),) = outcome.runs
+    assert rc == 0, stderr
+    assert "the Docker snap is installed but stopped" in stderr and "snap docker" in stderr
+    assert outcome.systemctl == ["start snap.docker.dockerd"]
+    assert outcome.after == outcome.before, "nothing installed beside the snap"
+
+
+@pytest.mark.network
+def test_a_docker_snap_without_systemd_gets_the_command(host: Path) -> None:
+    outcome = run_case(host, systemd=False, before_runs=SNAP, runs=((),))
+    ((rc, stderr),) = outcome.runs
+    assert rc == 2, stderr
+    assert "snap start docker" in stderr and "no second engine" in stderr
+    assert outcome.after == outcome.before and outcome.calls == ""
+
+
+@pytest.mark.network
+def test_a_containerd_only_host_is_told_it_has_no_docker_engine(host: Path) -> None:
+    """A Kubernetes GPU node: containerd.io and no Docker. Starting containerd never gives
+    /var/run/docker.sock; what helps is Docker CE beside it, or the k8s rendering."""
+    outcome = run_case(host, install=("containerd.io",), runs=((),))
+    ((rc, stderr),) = outcome.runs
+    assert rc == 2, stderr
+    assert "containerd alone is no Docker engine" in stderr
+    assert "apt-get install docker-ce docker-ce-cli" in stderr and "--format k8s" in stderr
+    assert "the way it was installed" not in stderr
+    assert outcome.after == outcome.before and outcome.systemctl == []
+
+
+@pytest.mark.network
+def test_rootless_docker_is_recognised_and_told_how_to_reach_it(host: Path) -> None:
+    rootless = (
+        "printf '#!/bin/sh\\nexit 1\\n' >$ROOT/usr/bin/dockerd-rootless.sh && "
+        "chmod 755 $ROOT/usr/bin/dockerd-rootless.sh"
+    )
+    outcome = run_case(host, before_runs=rootless, runs=((),))
+    ((rc, stderr),) = outcome.runs
+    assert rc == 2, stderr
+    assert "systemctl --user start docker" in stderr
+    assert "DOCKER_HOST=unix://$XDG_RUNTIME_DIR/docker.sock" in stderr
+    assert "Rootless Docker" in stderr, "the unit's limit is named"
+    assert outcome.after == outcome.before, "no rootful engine installed beside it"
+
+
+@pytest.mark.network
+def test_podman_only_is_told_it_can_pin_and_deploy_but_not_build(host: Path) -> None:
+    outcome = run_case(host, install=("podman",), runs=((),))
+    ((rc, stderr),) = outcome.runs
+    assert rc == 2, stderr
+    assert "systemctl enable --now podman.socket" in stderr
+    assert "podman can pin and deploy" in stderr and "builds need Docker with BuildKit" in stderr
+    assert outcome.after == outcome.before

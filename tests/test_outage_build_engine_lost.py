@@ -42,3 +42,21 @@ def test_a_client_that_fails_on_its_own_still_fails_at_its_first_step(tmp_path: 
     argv, client = client_printing(NO_STEP_NO_ENGINE_WORD)
     with pytest.raises(BuildFailed, match="failed at its first step"):
         _run_build("s", argv, client, tmp_path / "s.log", live=False)
+
+
+#: What the docker CLI printed with DOCKER_HOST at podman 4.3.1's API socket (the field report of
+#: 2026-12-06, shared/reference/hosts_registries_2026-12-06.md, F3).
+PODMAN_API = "ERROR: failed to dial gRPC: unable to upgrade to h2c, received 404\n"
+
+
+def test_podman_s_api_is_said_in_one_line_builds_need_docker_with_buildkit(
+    tmp_path: Path,
+) -> None:
+    from builder.errors import ToolMissing
+
+    argv, client = client_printing(PODMAN_API)
+    with pytest.raises(ToolMissing) as caught:
+        _run_build("s", argv, client, tmp_path / "s.log", live=False)
+    first = str(caught.value).splitlines()[0]
+    assert "podman's, which has no BuildKit" in first
+    assert "builds need Docker with BuildKit" in first and "podman can pin and deploy" in first

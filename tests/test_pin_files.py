@@ -307,7 +307,7 @@ def test_every_named_volume_is_declared_with_the_name_the_unit_mounts(
     compose = yaml.safe_load(text)
     used = {v["source"] for v in compose["services"]["llm"]["volumes"] if v["type"] == "volume"}
     assert used, "every rendering here mounts a cache volume"
-    assert compose.get("volumes") == {name: {"name": name} for name in used}
+    assert compose.get("volumes") == {name: {"name": name, "external": True} for name in used}
     unit = deploy.render_files(pin)[deploy.unit_name(pin)]
     for name in used:
         assert f'"type=volume,source={name},target=/var/cache/sm120-stacks"' in unit

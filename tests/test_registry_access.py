@@ -138,3 +138,31 @@ def test_a_ca_that_is_not_pem_and_a_certs_d_folder_without_a_ca(tmp_path: Path) 
     with pytest.raises(StackError, match="holds no ca.crt"):
         empty.session("reg.example:5443")
     assert empty.session("reg.example").transport == "tls-verified"  # no folder: system store
+
+
+def test_an_untrusted_certificate_offers_only_what_registry_commands_take(tmp_path: Path) -> None:
+    """A real TLS handshake with a certificate from a CA not trusted here: the hint names
+    certs.d and SM120_STACKS_CA_BUNDLE, never `--ca-bundle` (no registry command takes it)."""
+    import http.server
+    import ssl
+    import threading
+
+    from tests.support.tls_registry import make_certificates
+
+    _, cert, key = make_certificates(tmp_path)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        access = RegistryAccess.from_environment({"SM120_STACKS_CERTS_D": str(tmp_path / "none")})
+        with pytest.raises(StackError) as raised:
+            access.session(host).request("GET", "/v2/", "")
+    finally:
+        server.shutdown()
+    said = f"{raised.value} {raised.value.hint}"
+    assert "TLS certificate is not trusted" in said
+    assert "SM120_STACKS_CA_BUNDLE=FILE" in said and f"{tmp_path}/none/{host}/ca.crt" in said
+    assert "--ca-bundle" not in said

@@ -13,11 +13,25 @@ import click
 
 from builder.cli.app import Settings, cli, engine_option, pass_settings, user_errors
 from builder.cli.hosts import EXIT_DRIFT, hosts_dir_option, hosts_folder
-from builder.engine.hostprobe import Probe, gather, probe_for
+from builder.engine.hostprobe import (
+    HostFacts,
+    Probe,
+    cdi_specs,
+    gather,
+    gpu_containers_without_gpus,
+    probe_for,
+    toolkit_candidate,
+)
 from builder.engine.protocol import Engine
 from builder.errors import EngineError, OperationFailed, StackError
 from builder.hosts import remote, topology
-from builder.hosts.hostcheck import Finding, Requirements, check, requirements_for
+from builder.hosts.hostcheck import (
+    Finding,
+    Requirements,
+    check,
+    requirements_for,
+    setup_findings,
+)
 from builder.hosts.pins import Pin, load_pin, pin_path
 from builder.hosts.warm_target import target_of
 from builder.manifest.cache_volume import cache_volume
@@ -68,6 +82,7 @@ def doctor(
         engine, why = remote.try_connect(pinned, default)
     facts = gather(engine, why, probe)
     findings = check(facts, needs, selected)
+    findings += _setup(facts, engine, probe)
     if pinned is not None:
         findings += _cache_volume(pinned, engine)
     if serve is None:
@@ -137,6 +152,18 @@ def _cache_volume(pinned: Pin, engine: Engine | None) -> list[Finding]:
             integrity.remedy(damaged, target.volume, target.image),
         )
     ]
+
+
+def _setup(facts: HostFacts, engine: Engine | None, probe: Probe) -> list[Finding]:
+    """The toolkit's repository, CDI specs, and GPU containers that lost their GPUs."""
+    lost: list[str] = []
+    if engine is not None and facts.gpus:
+        try:
+            lost = gpu_containers_without_gpus(engine)
+        except EngineError:
+            lost = []  # the engine finding says why it cannot be asked
+    specs = [str(spec) for spec in cdi_specs(probe)] if probe.cdi_dirs else None
+    return setup_findings(facts, toolkit_candidate(probe), specs, lost)
 
 
 def _probe(pinned: Pin | None, default: str | None) -> Probe:

@@ -30,10 +30,25 @@ Runner = Callable[[Sequence[str]], tuple[int, str]]
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 SSH_TIMEOUT_S = 30
 RUNTIME_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit", "nvidia-ctk")
-RUNTIME_FIX = (
-    "install the NVIDIA Container Toolkit (`apt-get install nvidia-container-toolkit`), then "
-    "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd"
+#: NVIDIA's apt repository for the toolkit, as its install guide adds it: neither Debian nor
+#: Ubuntu packages nvidia-container-toolkit ("E: Unable to locate package" without it).
+TOOLKIT_REPOSITORY = (
+    "curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey | gpg --dearmor -o "
+    "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg; curl -s -L "
+    "https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list | "
+    "sed 's#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg]"
+    " https://#g' > /etc/apt/sources.list.d/nvidia-container-toolkit.list; apt-get update"
 )
+RUNTIME_FIX = (
+    "install the NVIDIA Container Toolkit from NVIDIA's apt repository (docs/gpu-host.md, step "
+    "1: its key and list, then `apt-get install nvidia-container-toolkit`), then "
+    "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd (live-restore on "
+    "first keeps running containers)"
+)
+CDI_FIX = "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml (again after a driver upgrade)"
+#: What nvidia-smi prints in a container whose GPUs were taken away (NVIDIA's known issue: a
+#: `systemctl daemon-reload` under the systemd cgroup driver).
+NVML_LOST = "Failed to initialize NVML"
 
 
 @dataclass(frozen=True)
@@ -273,3 +288,66 @@ def _read_text(probe: Probe, path: Path) -> str | None:
     except OSError:
         return None
     return out if status == 0 else None
+
+
+# --- what the toolkit's set-up leaves (doctor's set-up findings) ----------------------------------
+
+
+def toolkit_candidate(probe: Probe) -> bool | None:
+    """Whether apt can install nvidia-container-toolkit here (NVIDIA's repository added), None
+    where apt is not the package manager or could not say."""
+    if probe.which("apt-cache") is None:
+        return None
+    try:
+        status, out = probe.run(["apt-cache", "policy", "nvidia-container-toolkit"])
+    except OSError:
+        return None
+    if status != 0:
+        return None
+    for line in out.splitlines():
+        if line.strip().startswith("Candidate:"):
+            return "(none)" not in line
+    return False  # apt knows no such package: the repository is not there
+
+
+def cdi_specs(probe: Probe) -> list[Path]:
+    """The NVIDIA CDI spec files in the CDI folders (what podman, and the remedy for the
+    daemon-reload issue, need)."""
+    return [
+        spec
+        for folder in probe.cdi_dirs
+        if folder.is_dir()
+        for spec in sorted(folder.iterdir())
+        if "nvidia" in spec.name
+    ]
+
+
+def gpu_containers_without_gpus(engine: Engine) -> list[str]:
+    """The running containers given GPUs (a device request, the nvidia runtime, a CDI device)
+    whose nvidia-smi fails with NVML errors: they lost their devices and must be started again.
+    A container without nvidia-smi, or whose exec fails otherwise, is not judged."""
+    lost = []
+    for container in engine.containers():
+        attrs = container.attrs
+        if (attrs.get("State") or {}).get("Status") != "running" or not _given_gpus(attrs):
+            continue
+        try:
+            status, out = container.exec(["nvidia-smi", "-L"])
+        except EngineError:
+            continue
+        if status != 0 and NVML_LOST in out:
+            lost.append(container.name)
+    return lost
+
+
+def _given_gpus(attrs: dict[str, object]) -> bool:
+    host = attrs.get("HostConfig") or {}
+    if not isinstance(host, dict):
+        return False
+    requests = host.get("DeviceRequests") or []
+    devices = host.get("Devices") or []
+    return (
+        bool(requests)
+        or "nvidia" in str(host.get("Runtime") or "")
+        or any("nvidia.com/gpu" in str(device) for device in devices)
+    )

@@ -64,7 +64,10 @@ def _evidence_failed(
         f"the image went up as {pushed.digest_ref}, its evidence did not: it is not recorded "
         f"as pushed and {registry.ref(pushed.stack)} was not moved"
     )
-    again = f"`sm120-stacks push {pushed.stack}` again (it sends only what is missing)"
+    again = (
+        f"`sm120-stacks push {pushed.stack} --registry {registry.option}` again (it sends only "
+        "what is missing)"
+    )
     if isinstance(exc, StackError):
         return type(exc)(
             f"{exc.message}\n  {done}",

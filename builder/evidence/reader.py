@@ -159,10 +159,12 @@ def read_evidence(
     if not verdicts:
         raise StackError(
             f"the registry holds no verdict for {repository}@{image.digest} "
-            f"({tag}): it was pushed without its evidence (before sm120-stacks kept evidence "
-            "in the registry, or by another tool)",
-            hint=f"on the machine that tested it, `sm120-stacks push {stack}` again; or test "
-            f"it here: sm120-stacks test {stack}",
+            f"({tag}): it went up without its evidence (a push whose evidence failed, which "
+            "said so and recorded nothing; or a push before sm120-stacks kept evidence in the "
+            "registry, or by another tool)",
+            hint=f"on the machine that tested it, `sm120-stacks push {stack} --registry "
+            f"{registry.option}` again (it sends only the evidence); or test it here: "
+            f"sm120-stacks test {stack}",
         )
     if trust is not None:
         _require_all(evidence, trust)

@@ -9,6 +9,7 @@ disagree; `--apply` runs it through the engine's API (the docker SDK is always i
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +49,7 @@ def make_host_folders(pin: Pin) -> list[Path]:
     for v in volumes(pin):
         if v.read_only and v.bind and not Path(v.source).exists():
             what = "its API key" if v.target == SECRET_TARGET else "the model"
-            raise StackError(
+            raise NotStarted(
                 f"{v.source} does not exist on this host; the pin mounts it read-only at "
                 f"{v.target}",
                 key="api_key_file" if v.target == SECRET_TARGET else "volumes",
@@ -61,7 +62,7 @@ def make_host_folders(pin: Pin) -> list[Path]:
         try:
             folder.mkdir(parents=True)
         except OSError as exc:
-            raise StackError(
+            raise NotStarted(
                 f"cannot create {folder}, the host folder of the pin's bind mount: "
                 f"{exc.strerror or exc}",
                 key="volumes",
@@ -109,9 +110,23 @@ def render_files(pin: Pin) -> dict[str, str]:
         docker=DOCKER,
         run_args=docker_run_args(pin),
         systemd_restart=SYSTEMD_RESTART[pin.restart],
+        pull_if_absent=pull_if_absent(pin),
         folders=[str(folder) for folder in host_folders(pin)],
     )
     return {"compose.yaml": compose, unit_name(pin): unit}
+
+
+def pull_if_absent(pin: Pin) -> str:
+    """The unit's pre-start shell line: pull the pinned digest only when the engine lacks it.
+
+    A digest on disk is the image itself, so a reboot during a registry outage still starts the
+    server; the unit runs it with systemd's `-`, so a failed pull never fails the start either
+    (`docker run --pull missing` then says what is missing, and Restart= tries again).
+    """
+    image = shlex.quote(pin.image)
+    return (
+        f"{DOCKER} image inspect --format . {image} >/dev/null 2>&1 || exec {DOCKER} pull {image}"
+    )
 
 
 def docker_run_args(pin: Pin) -> list[str]:
@@ -194,11 +209,19 @@ def apply(pin: Pin, engine: Engine, before_start: BeforeStart | None = None) -> 
                 f"this engine cannot give containers GPUs: {exc.explanation}",
                 hint=RUNTIME_FIX + "; or pin with --gpus none for a CPU-only stack",
             ) from None
-        raise StackError(f"the engine refused to start {pin.container}: {exc}") from None
+        raise StackError(
+            f"the engine refused to start {pin.container}: {separated(exc.explanation)}"
+        ) from None
     verb = "replaced" if existing is not None else "started"
     done = "".join(f"created {folder}\n" for folder in made)
     done += f"{prepared}\n" if prepared else ""
     return f"{done}{verb} {pin.container} ({container.short_id}) running {pin.image}"
+
+
+class NotStarted(StackError):
+    """`apply` stopped before it touched any container of the host (the image could not be
+    had, a host folder could not be made): what ran there runs on, so there is nothing to roll
+    back."""
 
 
 def ensure_image(pin: Pin, engine: Engine) -> None:
@@ -209,7 +232,22 @@ def ensure_image(pin: Pin, engine: Engine) -> None:
     try:
         engine.pull(repository, digest)
     except EngineError as exc:
-        raise StackError(f"pulling {pin.image} failed: {exc.explanation}") from None
+        raise NotStarted(
+            f"pulling {pin.image} failed: {separated(exc.explanation)}",
+            hint="the engine has no copy of the pinned digest and could not pull it: fix what "
+            "it said (a registry down or out of reach, a login), then deploy again; the host's "
+            "containers were not touched",
+        ) from None
+
+
+#: Where the engine runs one error's text into the next ("…connection refusedError response
+#: from daemon: …"): each starts again after "; ".
+_RUN_TOGETHER = re.compile(r"(?<=[^\s;])(?=Error response from daemon: )")
+
+
+def separated(explanation: str) -> str:
+    """The engine's errors one after another, each readable: "A; Error response from …"."""
+    return _RUN_TOGETHER.sub("; ", explanation.strip())
 
 
 def _jinja_env() -> jinja2.Environment:

@@ -31,7 +31,7 @@ from builder.errors import (
     StackError,
     ToolMissing,
 )
-from builder.hosts.deploy import BeforeStart, apply
+from builder.hosts.deploy import BeforeStart, NotStarted, apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
 from builder.hosts.superseded import remove_superseded
@@ -123,9 +123,11 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
             _not_reached(pins[index + 1 :], results, fleet)
             break
         unchanged = _runs_as_pinned(pin, engine)
+        failure: Exception | None = None
         try:
             done = apply(pin, engine, fleet.before_start)
         except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
+            failure = exc
             gate = GateResult(False, f"deploy failed: {_message(exc)}")
             result.error = _said(exc, result.engine)
             result.bad_input = isinstance(exc, StackError)
@@ -143,6 +145,11 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
         fleet.log(f"{pin.host}: FAILED: {gate.detail}")
         if unchanged:
             result.rollback = "not needed: the host already ran this pin before the roll"
+        elif isinstance(failure, NotStarted):
+            result.rollback = (
+                "not needed: the deploy stopped before it touched any container; what ran "
+                "there before runs on"
+            )
         else:
             result.rollback, started = _roll_back(pin, engine, fleet)
             result.status = ROLLED_BACK if started else ROLLBACK_FAILED

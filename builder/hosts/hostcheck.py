@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from builder.engine.hostprobe import RUNTIME_FIX, HostFacts
+from builder.engine.hostprobe import CDI_FIX, RUNTIME_FIX, TOOLKIT_REPOSITORY, HostFacts
 from builder.manifest.archflags import capabilities
 
 DRIVER_FIX = "install the NVIDIA driver{need} (e.g. `apt-get install nvidia-driver`), then reboot"
@@ -148,3 +148,56 @@ def _at_least(version: str, minimum: str) -> bool:
 
 def _join(facts: HostFacts) -> str:
     return ", ".join(facts.runtime)
+
+
+def setup_findings(
+    facts: HostFacts,
+    toolkit_candidate: bool | None,
+    cdi_specs: Sequence[str] | None,
+    lost: Sequence[str],
+) -> list[Finding]:
+    """What the toolkit's set-up left, judged where it matters: NVIDIA's apt repository where
+    the toolkit is missing, the CDI specs (podman, and the daemon-reload remedy, need them) on a
+    host with GPUs (cdi_specs None: not readable there, a remote host), and running GPU
+    containers that lost their GPUs (NVML errors)."""
+    findings = []
+    if not facts.runtime and facts.runtime_error is None and toolkit_candidate is False:
+        findings.append(
+            Finding(
+                "toolkit repository",
+                False,
+                "apt has no nvidia-container-toolkit to install: NVIDIA's apt repository is not "
+                "added (neither Debian nor Ubuntu packages the toolkit)",
+                TOOLKIT_REPOSITORY + "; then apt-get install -y nvidia-container-toolkit",
+            )
+        )
+    if facts.gpus and cdi_specs is not None:
+        if cdi_specs:
+            findings.append(Finding("cdi", True, "CDI specs: " + ", ".join(cdi_specs)))
+        else:
+            findings.append(
+                Finding(
+                    "cdi",
+                    True,
+                    "no NVIDIA CDI spec (/etc/cdi, /var/run/cdi): podman needs one for GPUs, "
+                    "and it is a remedy for GPU containers losing their GPUs on a "
+                    "`systemctl daemon-reload` (docs/gpu-host.md)",
+                    CDI_FIX,
+                    warn=True,
+                )
+            )
+    if lost:
+        findings.append(
+            Finding(
+                "gpu containers",
+                False,
+                f"running GPU container(s) lost their GPUs (nvidia-smi: NVML errors): "
+                f"{', '.join(lost)}; the likely cause is a `systemctl daemon-reload` under the "
+                "systemd cgroup driver (NVIDIA's known issue)",
+                "start each again (`docker rm -f NAME`, then `sm120-stacks deploy HOST --apply` "
+                "or its unit); to keep it from happening: `nvidia-ctk system "
+                "create-dev-char-symlinks --create-all` (and NVIDIA's udev rule), or CDI: "
+                + CDI_FIX,
+            )
+        )
+    return findings

@@ -28,7 +28,7 @@ from pathlib import Path
 from builder.engine.address import client_env
 from builder.engine.progress import Progress
 from builder.engine.protocol import Engine, Image
-from builder.errors import OperationFailed, StackError
+from builder.errors import OperationFailed, StackError, ToolMissing
 from builder.image.basepull import base_unavailable_error, unpullable_base
 from builder.image.buildcache import CacheSettings, cache_argv
 from builder.image.buildclient import BuildClient
@@ -336,6 +336,8 @@ def _run_build(
         ) from None
     if returncode != 0:
         failed, current = progress.tracker.failed, progress.tracker.current
+        if failed is None and _podman_api(tail):
+            raise ToolMissing(PODMAN_CANNOT_BUILD, hint=f"log: {log_path}")
         if failed is None and (current is not None or _client_lost_engine(tail)):
             raise BuildFailed(_engine_lost(stack, current, tail, log_path))
         step = f"step {_short(failed[0])}: {_short(failed[1])}" if failed else "its first step"
@@ -344,6 +346,19 @@ def _run_build(
         if base is not None:
             raise base_unavailable_error(stack, base, bases, log_path) from failure
         raise failure
+
+
+#: podman's Docker-compatible API has no BuildKit session endpoint: the docker CLI's BuildKit
+#: build (DOCKER_HOST at podman's socket) fails at once with "failed to dial gRPC: unable to
+#: upgrade to h2c, received 404" (podman 4.3, docs/gpu-host.md).
+PODMAN_CANNOT_BUILD = (
+    "this engine's API is podman's, which has no BuildKit (`unable to upgrade to h2c`): builds "
+    "need Docker with BuildKit; podman can pin and deploy (GPUs through CDI, docs/gpu-host.md)"
+)
+
+
+def _podman_api(tail: deque[str]) -> bool:
+    return any("unable to upgrade to h2c" in line for line in tail)
 
 
 #: How the docker CLI says it lost its engine before any step ran (the engine killed as the

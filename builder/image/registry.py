@@ -70,6 +70,11 @@ class Registry:
     def ref(self, tag: str) -> str:
         return f"{self.repository}:{tag}"
 
+    @property
+    def option(self) -> str:
+        """As `--registry` takes it, to repeat in a command a hint offers."""
+        return "/".join([self.host, *([self.namespace] if self.namespace else [])])
+
 
 def push(
     engine: Engine,
@@ -187,18 +192,18 @@ def repo_digest(image: Image, registry: Registry) -> str | None:
 
 
 def _answered(action: str, tag: str, call: Callable[[], T], registry: Registry) -> T:
-    """call, with the registry's own refusal (anything not transient) as a RegistryError that
-    names the remedy where the engine's words give it away (a login, a CA)."""
+    """call, with the registry's own refusal (anything not transient) as an error. Where the
+    engine's words give the cause away (a login, a CA), what the user fixes: a StackError with
+    the remedy, exit 2, as the evidence side says the same refusal; else a RegistryError."""
     try:
         return call()
     except EngineError as exc:
         if is_transient(exc):
             raise
         remedy = _remedy(exc.explanation, registry.host)
-        raise RegistryError(
-            f"{action} of {tag} failed: {exc.explanation}"
-            + (f"\n  hint: {remedy}" if remedy else "")
-        ) from None
+        if remedy is not None:
+            raise StackError(f"{action} of {tag} failed: {exc.explanation}", hint=remedy) from None
+        raise RegistryError(f"{action} of {tag} failed: {exc.explanation}") from None
 
 
 def _remedy(explanation: str, host: str) -> str | None:

@@ -5,7 +5,8 @@ so they must reach every registry the image reaches:
 
 - **TLS, verified**, against the system trust store, the engine's own per-registry folder
   (`/etc/docker/certs.d/HOST/*.crt`, with `client.cert`/`client.key` for mutual TLS) and the
-  tool's CA option (`--ca-bundle` / SM120_STACKS_CA_BUNDLE). Plain HTTP, or TLS without
+  tool's CA variable (SM120_STACKS_CA_BUNDLE; registry commands take no `--ca-bundle`, only
+  build and test do). Plain HTTP, or TLS without
   verification, only for a registry the user names in SM120_STACKS_INSECURE_REGISTRIES (as
   dockerd's `insecure-registries`: TLS is tried first, unverified, then plain HTTP); the
   transport used is reported (`transport`), so evidence can say how it went up.
@@ -257,7 +258,7 @@ class RegistrySession:
         return StackError(
             f"the registry {self.host}'s TLS certificate is not trusted here: {reason}",
             hint=f"put its CA certificate in {self.access.certs_d}/{self.host}/ca.crt (where "
-            f"the engine reads it too) or pass --ca-bundle FILE / {cabundle.ENV_VAR}=FILE; "
+            f"the engine reads it too) or set {cabundle.ENV_VAR}=FILE; "
             f"only for a test registry: {INSECURE_ENV}={self.host}",
         )
 
@@ -334,7 +335,7 @@ class RegistrySession:
                 f"the token service of {self.host} ({service}) has a TLS certificate not "
                 f"trusted here: {_ssl_reason(exc)}",
                 hint=f"put its CA certificate in {self.access.certs_d}/{self.host}/ca.crt or "
-                f"pass --ca-bundle FILE / {cabundle.ENV_VAR}=FILE",
+                f"set {cabundle.ENV_VAR}=FILE",
             ) from None
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise ToolMissing(

@@ -10,8 +10,9 @@ included, where no GPU is needed.
 
 The implementation is Compose v2: `docker compose` when the engine's CLI has the plugin,
 SM120_STACKS_COMPOSE (a docker-compose v2 binary), or build/tools/docker-compose, which
-.ci/run unpacks from Debian 13's docker-compose package. Without one the tests skip saying so;
-under SM120_STACKS_REQUIRE_ENGINE=1 (CI) they fail.
+scripts/compose-v2.sh (run by `make test` and .ci/run) unpacks from Debian 13's docker-compose
+package. Without one the tests skip saying so; under CI=true or SM120_STACKS_REQUIRE_ENGINE=1
+they fail.
 """
 
 from __future__ import annotations
@@ -79,10 +80,11 @@ def compose() -> list[str]:
             return command
     reason = (
         "no Compose v2 to run the rendered compose.yaml with (" + "; ".join(seen) + "); "
-        f".ci/run unpacks one into {UNPACKED.relative_to(REPO_ROOT)}, or set {COMPOSE_ENV}"
+        f"scripts/compose-v2.sh unpacks one into {UNPACKED.relative_to(REPO_ROOT)}, or set "
+        f"{COMPOSE_ENV}"
     )
-    if REQUIRE_ENGINE:
-        pytest.fail("SM120_STACKS_REQUIRE_ENGINE=1 but " + reason)
+    if REQUIRE_ENGINE or os.environ.get("CI") == "true":
+        pytest.fail("CI=true or SM120_STACKS_REQUIRE_ENGINE=1 but " + reason)
     pytest.skip(reason)
 
 
@@ -162,7 +164,8 @@ def test_compose_runs_a_ci_mini_pin_with_its_named_cache_volume(
     )
     cli_process("deploy", HOST, "--hosts-dir", str(hosts), "--out", str(out))
     file = out / "compose.yaml"
-    assert yaml.safe_load(file.read_text())["volumes"] == {cache: {"name": cache}}
+    assert yaml.safe_load(file.read_text())["volumes"] == {cache: {"name": cache, "external": True}}
+    api.volumes.create(cache)  # what `deploy --apply` or the unit makes, or the file's command
     pin = load_pin(hosts, HOST)
     try:
         with _composed_up(compose, file, api, HOST):
@@ -246,6 +249,89 @@ def test_the_key_wrappers_dollars_reach_the_shell_as_written(
         args = api.containers.get(pin.container).attrs["Args"]
         assert args[1] == 'VLLM_API_KEY="$(cat /run/secrets/sm120-stacks-api-key)" exec "$0" "$@"'
         assert KEY not in json.dumps(api.containers.get(pin.container).attrs)
+
+
+#: Serves /health with 200 while the cache volume's marker file is there (it is mounted).
+CACHE_SERVER = (
+    "import http.server as h, os; "
+    f"p = '{CACHE_TARGET}/marker'; "
+    "H = type('H', (h.BaseHTTPRequestHandler,), {"
+    "'do_GET': lambda s: (s.send_response(200 if os.path.exists(p) else 500), s.end_headers()), "
+    "'log_message': lambda s, *a: None}); "
+    "h.HTTPServer(('0.0.0.0', 8000), H).serve_forever()"
+)
+
+
+def _cache_pin(image: str, host: str, cache: str, port: int) -> Pin:
+    return Pin.model_validate(
+        {
+            "schema_version": PIN_SCHEMA,
+            "host": host,
+            "stack": "compose-cache-test",
+            "content_hash": "0" * 64,
+            "image": image,
+            "pinned_at": "2026-12-01T00:00:00Z",
+            "container": f"sm120-stacks-{host}",
+            "command": ["python3", "-c", CACHE_SERVER],
+            "serve_port": 8000,
+            "gpus": "none",
+            "ports": [f"127.0.0.1:{port}:8000"],
+            "volumes": [{"source": cache, "target": CACHE_TARGET, "read_only": False}],
+            "shm_size": "64m",
+            "health": {"interval_s": 600, "start_period_s": 60},
+            "needs": {"cuda": "13.0.2", "min_driver": None, "targets": {"sm120": "12.0"}},
+        }
+    )
+
+
+def test_down_v_leaves_the_shared_cache_volume_and_its_files(
+    compose: list[str], served_image: str, api: Any, tmp_path: Path
+) -> None:
+    """The cache volume is the unit's and `deploy --apply`'s too (a restored warm cache on a GPU
+    host): the file declares it external, so Compose never made it and `down -v` (a common
+    clean-up reflex) cannot delete it; without it, `up` refuses and starts nothing."""
+    host, cache = unique("compose-down-v"), f"sm120-compose-keep-{RUN}"
+    port = free_port()
+    pin = _cache_pin(served_image, host, cache, port)
+    file = tmp_path / "compose.yaml"
+    file.write_text(render_files(pin)["compose.yaml"])
+    assert f"docker volume create {cache}" in file.read_text(), "the Compose-only user's step"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
+    refused = subprocess.run(
+        [*compose, "-f", str(file), "up", "-d"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert refused.returncode != 0 and "external volume" in refused.stderr, refused.stderr
+    assert not api.containers.list(all=True, filters={"label": f"{LABEL_HOST}={host}"})
+    api.volumes.create(cache)
+    try:
+        api.containers.run(
+            served_image,
+            ["sh", "-c", f"echo kept > {CACHE_TARGET}/marker"],
+            volumes={cache: {"bind": CACHE_TARGET, "mode": "rw"}},
+            remove=True,
+        )
+        up = _run(compose, file, "up", "-d")
+        assert "was not created by Docker Compose" not in up.stderr, "no warning on every up"
+        wait_healthy(f"http://127.0.0.1:{port}", 60)
+        _run(compose, file, "down", "-v")
+        assert not api.containers.list(all=True, filters={"label": f"{LABEL_HOST}={host}"})
+        assert api.volumes.get(cache).name == cache, "down -v left the shared volume"
+        read = api.containers.run(
+            served_image,
+            ["cat", f"{CACHE_TARGET}/marker"],
+            volumes={cache: {"bind": CACHE_TARGET, "mode": "ro"}},
+            remove=True,
+        )
+        assert read.decode().strip() == "kept", "and its files"
+    finally:
+        for container in api.containers.list(all=True, filters={"label": f"{LABEL_HOST}={host}"}):
+            container.remove(force=True)
+        with contextlib.suppress(Exception):
+            api.volumes.get(cache).remove(force=True)
 
 
 @pytest.mark.parametrize("options", RENDERINGS.values(), ids=RENDERINGS.keys())

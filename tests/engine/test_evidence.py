@@ -309,6 +309,8 @@ def test_an_image_pushed_without_evidence_is_refused_with_the_remedy(
     )
     assert result.returncode == 2
     assert "holds no verdict" in result.stderr and f"push {EV_OLD}" in result.stderr
+    assert "a push whose evidence failed" in result.stderr, "the case the tool itself makes"
+    assert f"--registry {registry.host}` again" in result.stderr, "the user's own option"
     assert not (second_folder / "hosts" / f"{unique('hosto')}.yaml").exists()
 
 

@@ -124,7 +124,7 @@ def test_a_push_whose_evidence_failed_is_not_recorded_and_moves_no_tag(
         result = cli_process("push", TLS_HALF, "--registry", tls.host, check=False, env=env)
         assert result.returncode == 2, result.stderr
         assert "its evidence did not: it is not recorded as pushed" in result.stderr
-        assert f"sm120-stacks push {TLS_HALF}` again" in result.stderr
+        assert f"sm120-stacks push {TLS_HALF} --registry {tls.host}` again" in result.stderr
         assert load_record(workspace / "build", TLS_HALF, content_hash).pushed == {}
         store = ArtifactStore(Registry(tls.host), access=_access(tls))
         tags = store.session.request(

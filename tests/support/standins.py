@@ -39,6 +39,9 @@ CONTROLS: dict[str, dict[str, str]] = {
         "Replaces": "containerd, runc",
         "Provides": "containerd, runc",
     },
+    # Debian 12's podman (its control fields' name and version; no files needed: host-setup
+    # reads the package status).
+    "podman": {"Version": "4.3.1+ds1-8+deb12u1"},
     # Not Docker's: a site package that conflicts with what host-setup installs, to see the
     # simulation refuse a plan that removes anything.
     "site-registry": {"Version": "1.0", "Conflicts": "docker-registry"},
@@ -75,7 +78,7 @@ for a in "$@"; do
 done
 for u in $units; do
   case "$verb $u" in
-    "start docker") ln -sf /run/fake-engine.sock /run/docker.sock ;;
+    "start docker" | "start snap.docker.dockerd") ln -sf /run/fake-engine.sock /run/docker.sock ;;
     "stop docker") rm -f /run/docker.sock ;;
     "start docker-registry")
       setsid docker-registry serve /etc/docker/registry/config.yml \
