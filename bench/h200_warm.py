@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from builder.engine.hostprobe import gather
-from builder.manifest.cache_volume import cache_volume
+from builder.knowledge.cache_volume import cache_volume
 from builder.warm import archive
 from builder.warm.key import WarmKey, gpu_identity, model_of, parallel_shape, serve_identity
 from builder.warm.lifecycle import compare

@@ -126,9 +126,9 @@ def half_written(work: Path) -> list[str]:
 def lock_problem(path: Path) -> str | None:
     """None for a whole lock: it parses, validates and pins what its locked_hash says."""
     from builder.errors import StackError
+    from builder.knowledge.loader import parse_document
+    from builder.knowledge.yamlsafe import load_yaml
     from builder.lock.lockfile import Lock
-    from builder.manifest.knowledge import parse_document
-    from builder.manifest.yamlsafe import load_yaml
 
     try:
         lock = parse_document(load_yaml(path), Lock)

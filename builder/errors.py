@@ -81,6 +81,24 @@ class RegistryUnreachable(EngineError):
     all (DNS, refused connection, timeout): not a refusal, and not "no such image"."""
 
 
+def engine_check(engine: str | None = None) -> str:
+    """The command that shows whether an engine answers: the local one's, or ADDRESS's."""
+    return f"`docker -H {engine} version`" if engine else "`docker version`"
+
+
+def engine_lost(why: str, again: str, engine: str | None = None) -> str:
+    """The one sentence for an engine that stopped answering mid-command (stopped, restarted,
+    its socket gone): what was seen, how to tell it answers again, and what to run then. Every
+    command says it in these words: issue 34 reworded four copies of it three times."""
+    return f"the Docker engine stopped answering: {why}; {once_it_answers(again, engine)}"
+
+
+def once_it_answers(again: str, engine: str | None = None) -> str:
+    """What to do once the engine answers again (engine_lost's tail, alone where the sentence
+    before it is the caller's own: a build's client that lost the engine)."""
+    return f"once it answers again ({engine_check(engine)}), {again}"
+
+
 def _display_path(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))

@@ -16,13 +16,13 @@ import yaml
 from click.testing import Result
 
 from builder.errors import StackError
-from builder.manifest.jitmodules import jit_modules_known
+from builder.knowledge.jitmodules import jit_modules_known
 from builder.manifest.model import OPTIONAL_MODEL_FACTS, Model, Speculative
 from builder.manifest.resolve import jit_module_table, resolve
 from builder.manifest.serve import serve_argv
-from builder.manifest.serveflags import command_options
-from builder.manifest.vllm_argv import attention_backend_option
 from builder.render.context import render
+from builder.vllmcli.serveflags import command_options
+from builder.vllmcli.vllm_argv import attention_backend_option
 from tests.conftest import STACKS
 
 # FlashInfer's get_batch_prefill_uri (flashinfer/jit/attention/modules.py, 0.6.5 and

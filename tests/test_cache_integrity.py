@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from builder.errors import StackError
-from builder.manifest.cache_integrity import cache_integrity
-from builder.manifest.cache_volume import cache_volume
+from builder.knowledge.cache_integrity import cache_integrity
+from builder.knowledge.cache_volume import cache_volume
 from builder.warm import archive, integrity
 
 MODULE = "flashinfer/.cache/flashinfer/0.7.2.post1/120f/cached_ops/b12x_moe_sm120a_cute_dsl"

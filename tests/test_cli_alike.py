@@ -255,8 +255,8 @@ def test_pin_and_test_take_the_model_folder_alike(
     stacks_dir: Path, tmp_path: Path, run_cli: Callable[..., Result]
 ) -> None:
     """--models DIR is DIR:/models:ro in both: the smoke's mount and the pinned server's."""
+    from builder.engine.mounts import DEFAULT_MODELS
     from builder.hosts.pins import load_pin
-    from builder.manifest.mounts import DEFAULT_MODELS
     from builder.manifest.resolve import resolve
     from tests.test_hosts import STACK, _tested_and_pushed
 

@@ -5,8 +5,12 @@ one and `flashinfer_jit` in the other, `inductor` in one only."""
 
 from __future__ import annotations
 
-from builder.manifest.cache_volume import Folder, Within, cache_volume
-from builder.verify.compiles import compile_kinds, compile_vocabulary, vocabulary_mismatches
+from builder.knowledge.cache_volume import Folder, Within, cache_volume
+from builder.knowledge.runtime_compiles import (
+    compile_kinds,
+    compile_vocabulary,
+    vocabulary_mismatches,
+)
 
 
 def test_every_cache_folder_names_its_files_by_a_kind_of_the_vocabulary() -> None:

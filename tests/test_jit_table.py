@@ -29,7 +29,8 @@ from click.testing import Result
 
 from builder.engine.protocol import Container, ContainerSpec
 from builder.errors import StackError
-from builder.manifest.knowledge import KNOWLEDGE_DIR
+from builder.knowledge.loader import KNOWLEDGE_DIR
+from builder.knowledge.yamlsafe import load_yaml
 from builder.manifest.resolve import ResolvedStack, resolve
 from builder.manifest.runtime_caches import (
     KNOWLEDGE_FILE,
@@ -37,7 +38,6 @@ from builder.manifest.runtime_caches import (
     group_patterns,
     layouts_of,
 )
-from builder.manifest.yamlsafe import load_yaml
 from builder.verify import report as reports
 from builder.verify.compiles import find_compiles
 from builder.verify.kernel_cache import classify

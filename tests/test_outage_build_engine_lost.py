@@ -34,7 +34,7 @@ def test_an_engine_lost_before_the_first_step_is_said_with_what_to_do(tmp_path: 
     message = str(caught.value)
     assert "stopped before its first step with no step failing" in message
     assert "the build client lost the engine" in message and "no image was tagged" in message
-    assert "Build again once the engine answers" in message
+    assert "once it answers again (`docker version`), build again" in message
     assert "failed at its first step" not in message
 
 

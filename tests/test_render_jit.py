@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 from builder import REPO_ROOT
+from builder.knowledge.jit_dependencies import jit_dependency_names
 from builder.lock.inputs import inputs_hash, lock_inputs
 from builder.lock.lockfile import LockedPackage
 from builder.lock.reading import read_lock
 from builder.lock.writing import write_lock
 from builder.manifest.resolve import resolve
 from builder.render.context import RenderedContext, render, template_context
-from builder.render.jitdeps import jit_dependency_names, jit_package_names
+from builder.render.jitdeps import jit_package_names
 from tests.golden import STACKS
 
 JIT_STAGES = ("jit-deps", "jit-cache")

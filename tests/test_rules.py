@@ -11,9 +11,9 @@ from click.testing import Result
 from packaging.specifiers import SpecifierSet
 
 from builder import REPO_ROOT
+from builder.knowledge.archflags import derive
 from builder.lock.inputs import lock_path
 from builder.lock.reading import read_lock
-from builder.manifest.archflags import derive
 from builder.manifest.check import check_stack
 from builder.manifest.resolve import resolve, rule_facts, stack_names
 from builder.manifest.rules import Affects, Rule, affected, evaluate, load_rules, retired_by

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from builder.knowledge.runtime_compiles import compile_kinds
 from builder.manifest.runtime_caches import (
     cache_layouts,
 )
-from builder.verify.compiles import compile_kinds, find_compiles, find_events
+from builder.verify.compiles import find_compiles, find_events
 from builder.verify.kernel_cache import classify, summary_lines
 from builder.verify.kernel_listing import list_directory
 from builder.verify.kernel_watch import directory_watch

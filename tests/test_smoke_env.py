@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from builder.verify.compiles import compile_kinds, smoke_environment
+from builder.knowledge.runtime_compiles import compile_kinds
+from builder.verify.compiles import smoke_environment
 
 
 def test_smoke_environment_is_every_kind_the_smoke_turns_on() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from builder.errors import StackError
+from builder.knowledge.loader import read_knowledge
 from builder.manifest.checkpoint import check_checkpoint_rules
-from builder.manifest.knowledge import read_knowledge
 from builder.manifest.resolve import resolve, stack_names
 from tests.conftest import STACKS
 

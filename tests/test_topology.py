@@ -45,8 +45,8 @@ from builder.hosts.topology import (
     read_topology,
     serve_of,
 )
-from builder.manifest.knowledge import KNOWLEDGE_DIR
-from builder.manifest.yamlsafe import load_yaml
+from builder.knowledge.loader import KNOWLEDGE_DIR
+from builder.knowledge.yamlsafe import load_yaml
 from tests.test_hosts import _pin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"

@@ -18,15 +18,16 @@ from packaging.version import Version
 
 from builder import REPO_ROOT
 from builder.errors import StackError
+from builder.knowledge import loader as knowledge
+from builder.knowledge.yamlsafe import load_yaml
 from builder.lock.bases import resolve_base
 from builder.lock.inputs import lock_path, original_bases
 from builder.lock.lockfile import UNPINNED, Lock, LockedBase, LockedBases
 from builder.lock.reading import read_lock
 from builder.lock.writing import write_lock
-from builder.manifest import knowledge, rules
+from builder.manifest import rules
 from builder.manifest.check import check_stack
 from builder.manifest.resolve import ResolvedStack, resolve
-from builder.manifest.yamlsafe import load_yaml
 from builder.upstream.carried_bases import carry_bases
 from builder.upstream.index import IndexClient
 from builder.upstream.releases import classify, newer

@@ -1,4 +1,4 @@
-"""The one reader of vLLM's command line (builder/manifest/vllm_argv.py): argparse's rules, as
+"""The one reader of vLLM's command line (builder/vllmcli/vllm_argv.py): argparse's rules, as
 vLLM's FlexibleArgumentParser applies them, for every reader of a serve argv."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from builder.hosts.topology import serve_of
-from builder.manifest.vllm_argv import has_flag, last_value
+from builder.vllmcli.vllm_argv import has_flag, last_value
 
 TP = "--tensor-parallel-size"
 

@@ -12,7 +12,7 @@ import pytest
 
 from builder.engine.hostprobe import Gpu, HostFacts
 from builder.errors import StackError
-from builder.manifest.cache_volume import cache_volume
+from builder.knowledge.cache_volume import cache_volume
 from builder.warm import archive
 from builder.warm.key import WarmKey, gpu_identity, model_of, parallel_shape, serve_identity
 from builder.warm.lifecycle import compare

@@ -21,7 +21,7 @@ import pytest
 
 from builder.engine.hostprobe import Gpu, HostFacts
 from builder.errors import StackError
-from builder.manifest.cache_volume import cache_volume
+from builder.knowledge.cache_volume import cache_volume
 from builder.warm import archive, lifecycle, ranks
 from builder.warm.artifact import files_document
 from builder.warm.key import canonical

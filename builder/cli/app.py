@@ -29,12 +29,14 @@ from builder.errors import (
     OperationFailed,
     StackError,
     ToolMissing,
+    engine_lost,
 )
 from builder.image.cabundle import ENV_VAR as CA_BUNDLE_ENV
 from builder.image.cabundle import OPT_OUT as CA_BUNDLE_OPT_OUT
 from builder.image.registry import REGISTRY_ENV
-from builder.lock.locked import LockedStack, lock_stack, require_pinned_bases
-from builder.manifest.check import check_stack, violation_error
+from builder.judge.judgement import Judgement, judge
+from builder.lock.locked import LockedStack, lock_stack
+from builder.manifest.check import violation_error
 from builder.manifest.resolve import ResolvedStack, resolve
 from builder.manifest.substitute import ENV_VAR as SUBSTITUTE_ENV
 from builder.manifest.substitute import Substitutions
@@ -59,11 +61,7 @@ def user_errors(func: F) -> F:
             click.echo(f"failed: {exc}", err=True)
             sys.exit(1)
         except EngineUnreachable as exc:  # the engine went away mid-command (stopped, killed)
-            click.echo(
-                f"failed: the Docker engine stopped answering: {exc.explanation}; once it "
-                "answers again (`docker version`), run the command again",
-                err=True,
-            )
+            click.echo(f"failed: {engine_lost(exc.explanation, 'run the command again')}", err=True)
             sys.exit(1)
         except EngineError as exc:  # the engine refused what the input asked: not a bug here
             click.echo(f"failed: the Docker engine: {exc.explanation}", err=True)
@@ -164,27 +162,24 @@ class Settings:
         self._digests.save()
         return rendered
 
-    def checked(self, name: str) -> ResolvedStack:
-        """A resolved stack that passed every compatibility rule (its lock may be stale:
-        `lock` makes it again)."""
-        return self._judged(name).stack
-
-    def locked(self, name: str, allow_floating: bool = False) -> LockedStack:
-        """The resolved stack that passed every rule, with the lock it builds from read once:
-        the value a command hands down to render and build. A stale lock is an error (after
-        the rules, so `check`'s order of complaints holds), and so is a base that follows its
-        tag unless allowed (require_pinned_bases)."""
-        locked = self._fresh(self._judged(name))
-        require_pinned_bases(locked, allow_floating)
-        return locked
-
-    def _judged(self, name: str) -> LockedStack:
+    def judge(self, name: str, allow_floating: bool = False) -> Judgement:
+        """The stack and its lock judged once, in judge's one order (builder/judge)."""
         stack = self.resolve(name)
         locked = lock_stack(stack)
-        result = check_stack(stack, locked.versions)
-        if not result.ok:
-            raise violation_error(result)
-        return locked
+        return judge(locked, allow_floating)
+
+    def checked(self, name: str) -> ResolvedStack:
+        """A resolved stack that passed the rules on its manifest (its lock may be stale or
+        missing: `lock` makes it again)."""
+        judgement = self.judge(name, allow_floating=True)
+        if not judgement.on_manifest.ok:
+            raise violation_error(judgement.on_manifest)
+        return judgement.locked.stack
+
+    def locked(self, name: str, allow_floating: bool = False) -> LockedStack:
+        """The resolved stack with the lock it builds from read once, when every step of the
+        judgement passed (builder/judge): the value a command hands down to render and build."""
+        return self.judge(name, allow_floating).passed()
 
     @staticmethod
     def _fresh(locked: LockedStack) -> LockedStack:

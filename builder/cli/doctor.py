@@ -34,9 +34,9 @@ from builder.hosts.hostcheck import (
 )
 from builder.hosts.pins import Pin, load_pin, pin_path
 from builder.hosts.warm_target import target_of
-from builder.manifest.cache_volume import cache_volume
+from builder.knowledge.cache_volume import cache_volume
+from builder.knowledge.yamlsafe import load_yaml
 from builder.manifest.serve import serve_argv
-from builder.manifest.yamlsafe import load_yaml
 from builder.warm import integrity
 from builder.warm.volume import open_volume
 

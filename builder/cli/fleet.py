@@ -1,8 +1,8 @@
-"""What `deploy` and `verify` do for the hosts they are given, one or all (--all), each on the
+"""What `deploy` and `drift` do for the hosts they are given, one or all (--all), each on the
 engine its pin names: one path for both, so one host is deployed, gated, rolled back and
 reported exactly as each host of the fleet.
 
-The commands themselves are `deploy` and `verify` (builder.cli.hosts).
+The commands themselves are `deploy` and `drift` (builder.cli.hosts).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from builder.cli.app import Settings, out
+from builder.engine import imageref
 from builder.engine.hostprobe import gather
-from builder.errors import EXIT_BAD_INPUT, StackError
+from builder.errors import EXIT_BAD_INPUT, StackError, engine_check
 from builder.evidence.trust import TrustPolicy
 from builder.hosts import remote
 from builder.hosts.drift import Report
@@ -57,7 +58,7 @@ def all_pins(hosts_dir: Path) -> list[Pin]:
 
 
 def one_report(pin: Pin, default: str | None, trust: TrustPolicy | None = None) -> Report:
-    """verify for one pin, on its own engine (default: the command's, for a pin naming none),
+    """drift for one pin, on its own engine (default: the command's, for a pin naming none),
     its prerequisites read on that host; its evidence's keys against the trust policy."""
     engine, why = remote.try_connect(pin, default)
     report = verify_host(pin, engine, why, gather(engine, why, remote.probe(pin, default)))
@@ -67,7 +68,7 @@ def one_report(pin: Pin, default: str | None, trust: TrustPolicy | None = None) 
     return report
 
 
-def verify_pins(
+def drift_pins(
     pins: list[Pin],
     as_json: bool,
     default: str | None,
@@ -90,7 +91,7 @@ def verify_pins(
 
 
 def print_drift(reports: list[tuple[Pin, str, Report]], every: bool) -> None:
-    """The one renderer of `verify`: a row per host (its warm column: how its server started),
+    """The one renderer of `drift`: a row per host (its warm column: how its server started),
     then each host's drifts, the checks it passed and its start, then the count (of drifts for
     one host, of hosts that drift for --all)."""
     table = Table("host", "engine", "stack", "image", "status", "drifts", "warm")
@@ -187,7 +188,7 @@ def _print_results(results: list[HostResult]) -> None:
     table = Table("host", "engine", "image", "status", "detail")
     for r in results:
         detail = r.detail if r.rollback is None else f"{r.detail}\nrollback: {r.rollback}"
-        cells = (r.host, r.engine, r.image.rsplit("@", 1)[-1][:19], r.status, detail)
+        cells = (r.host, r.engine, imageref.digest_of(r.image)[:19], r.status, detail)
         table.add_row(*(escape(cell) for cell in cells))  # an error's [:ro] is no markup
     out.print(table)
     failed = [r for r in results if r.status not in (OK, NOT_REACHED)]
@@ -203,9 +204,9 @@ def _print_results(results: list[HostResult]) -> None:
         said = "" if r.error is not None else "failed: "
         click.echo(
             f"{said}the roll stopped at {r.host} ({r.status}); its pin still names "
-            f"{r.image};{down} once its engine answers (`docker -H {r.engine} version`), fix "
+            f"{r.image};{down} once its engine answers ({engine_check(r.engine)}), fix "
             f"what the detail says (pin {r.host} again for a failed gate) and deploy again; "
-            "`verify --all` shows what runs where"
+            "`drift --all` shows what runs where"
         )
     else:
         click.echo(f"deployed {len(results)} host(s), every gate passed")

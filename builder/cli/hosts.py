@@ -1,4 +1,5 @@
-"""Commands that pin serving hosts to tested images: pin, deploy, drift (once `verify`).
+"""Commands that pin serving hosts to tested images: pin, deploy, drift (`verify`: its old name,
+deprecated).
 
 Registered on the main `cli` group when builder.cli.app imports this module. Bad input exits 2
 (user_errors); drift exits 1, since it describes the host, not the command line. A host's
@@ -22,11 +23,12 @@ from builder.cli.app import (
     registry_option,
     user_errors,
 )
-from builder.cli.fleet import all_pins, deploy_pins, verify_pins
+from builder.cli.fleet import all_pins, deploy_pins, drift_pins
 from builder.cli.keys import allow_unsigned_option
 from builder.engine import address
 from builder.engine.address import check_address
 from builder.engine.hostprobe import gather, probe_for
+from builder.engine.mounts import DEFAULT_MODELS, models_mount, parse_mount
 from builder.errors import StackError
 from builder.evidence.trust import TrustPolicy, host_policy
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, write_pin
@@ -34,7 +36,6 @@ from builder.hosts.trustdrift import refuse_revoked
 from builder.hosts.warm_target import WarmPolicy
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
-from builder.manifest.mounts import DEFAULT_MODELS, models_mount, parse_mount
 
 EXIT_DRIFT = 1
 
@@ -91,7 +92,7 @@ def hosts_folder(settings: Settings, value: Path | None) -> Path:
     "--engine",
     "host_engine",
     metavar="ADDRESS",
-    help="The host's Docker engine, kept in the pin for deploy and verify: "
+    help="The host's Docker engine, kept in the pin for deploy and drift: "
     "ssh://[USER@]HOST[:PORT] (keys from your ssh agent), unix:///PATH or tcp://HOST:PORT. "
     "Default: the engine of the machine that deploys.",
 )
@@ -118,13 +119,13 @@ def hosts_folder(settings: Settings, value: Path | None) -> Path:
 @click.option(
     "--no-auth",
     is_flag=True,
-    help="Publish the serve port beyond loopback with no API key (recorded; verify reports it).",
+    help="Publish the serve port beyond loopback with no API key (recorded; drift reports it).",
 )
 @click.option(
     "--allow-unserved",
     is_flag=True,
     help="Pin an image whose smoke never served on the host's GPU kind (the pin records it; "
-    "`verify` and `list` show it).",
+    "`drift` and `list` show it).",
 )
 @allow_unsigned_option
 @hosts_dir_option
@@ -451,7 +452,7 @@ def drift(
     folder = hosts_folder(settings, hosts_dir)
     _one_or_all(host, every)
     pins = all_pins(folder) if every else [load_pin(folder, str(host))]
-    verify_pins(pins, as_json, settings.engine_address(), every, host_policy(folder))
+    drift_pins(pins, as_json, settings.engine_address(), every, host_policy(folder))
 
 
 #: `verify` was this command's name until 2026-12-02, when builder/verify/ (which implements

@@ -160,11 +160,11 @@ def build(
     engine = settings.connect()
     folders = (settings.build_dir, settings.stacks_dir)
 
-    def pull(source: Registry) -> None:
+    made = make_image(locked, rendered, request, engine, folders, taken, click.echo)
+    if made.pull_from is not None:  # the registry has it: pulled with its evidence, said
+        source = made.pull_from
         _pull(settings, rendered, engine, source, f"pulled {{ref}} from {source.repository}")
-
-    made = make_image(locked, rendered, request, engine, folders, taken, pull, click.echo)
-    if made.outcome is not None:  # else pulled, and _pull said so
+    if made.outcome is not None:
         _say_made(made.outcome, made.cache_sources)
 
 
@@ -198,8 +198,8 @@ def push(
     from builder.image.buildclient import detect_build_client
 
     signer = read_signing_key(signing_key)  # a bad key file: refused before anything moves
-    resolved = settings.checked(stack)
-    rendered = settings.render(resolved)
+    locked = settings.locked(stack, allow_floating=True)
+    resolved, rendered = locked.stack, settings.render_locked(locked)
     engine = settings.connect()
     target = Registry.parse(registry)
     layers = layer_lines("push", target.ref(content_tag(stack, rendered.content_hash())))
@@ -226,7 +226,7 @@ def pull(settings: Settings, stack: str, registry: str | None, allow_unsigned: b
     the registry gives (checked: they must name the image and be intact, and with a trust
     policy in the hosts folder, signed by keys it trusts); they are recorded here, so `pin`
     can rely on them."""
-    rendered = settings.render(settings.checked(stack))
+    rendered = settings.render_locked(settings.locked(stack, allow_floating=True))
     source = Registry.parse(registry)
     _pull(settings, rendered, settings.connect(), source, "{ref}", allow_unsigned)
 

@@ -20,8 +20,8 @@ from builder.errors import StackError
 from builder.image.names import HASH_CHARS
 from builder.image.records import Record, load_record, record_path
 from builder.image.uptodate import fingerprint
-from builder.lock.locked import lock_stack, require_pinned_bases
-from builder.manifest.check import check_stack, violation_error
+from builder.judge.judgement import judge
+from builder.lock.locked import lock_stack
 from builder.manifest.model import Manifest
 from builder.manifest.resolve import stack_names
 from builder.manifest.rules import Violation
@@ -85,19 +85,21 @@ def _list_row(settings: Settings, name: str) -> tuple[list[str], str | None, dic
         vllm.version if vllm else "-",
         m.serve.moe_backend or "-",
     ]
+    violations: list[Violation] = []  # the rules that fire, in the judge's order
     try:
-        locked = lock_stack(stack)  # read once: for the rules and for the context
-        result = check_stack(stack, locked.versions)
-        if locked.stale is not None:
-            raise locked.stale
-        rendered = settings.render_locked(locked)
+        judgement = judge(lock_stack(stack), allow_floating=True)  # the lock read once
+        violations = judgement.violations
+        if judgement.locked.stale is not None:
+            raise judgement.locked.stale
+        rendered = settings.render_locked(judgement.locked)
         content_hash = rendered.content_hash()
         read["wheels"] = [str(copied.source) for copied in rendered.copied.values()]
     except StackError as exc:  # a stale or broken lock, a patch file gone, ...
         stale = exc.key == "inputs_hash"
-        cells = [*manifest, "lock stale" if stale else "no render", "-", "?", "?", "?"]
-        return cells, f"{name}: {exc}", read
-    verdict = "ok" if result.ok else _first_rule(result.violations[0])
+        problem = "lock stale" if stale else "no render"
+        check = _first_rule(violations[0]) if violations else problem
+        return [*manifest, check, "-", "?", "?", "?"], f"{name}: {exc}", read
+    verdict = "ok" if not violations else _first_rule(violations[0])
     read["records"] = [str(record_path(settings.build_dir, name, content_hash))]
     try:
         record = load_record(settings.build_dir, name, content_hash)
@@ -160,15 +162,8 @@ def check(settings: Settings, stacks: tuple[str, ...], allow_floating: bool) -> 
     failures: list[tuple[str, StackError]] = []
     for name in names:
         try:
-            stack = settings.resolve(name)
-            locked = lock_stack(stack)
-            if locked.stale is not None:  # a lock that no longer matches its manifest
-                raise locked.stale
-            result = check_stack(stack, locked.versions)
-            if not result.ok:
-                raise violation_error(result)
-            floating = require_pinned_bases(locked, allow_floating)
-            note = f" (floating base: {', '.join(floating)})" if floating else ""
+            locked = settings.locked(name, allow_floating)
+            note = f" (floating base: {', '.join(locked.floating)})" if locked.floating else ""
             click.echo(f"ok  {name}{note}")
         except StackError as exc:
             click.echo(f"BAD {name}", err=True)
@@ -189,7 +184,7 @@ def check(settings: Settings, stacks: tuple[str, ...], allow_floating: bool) -> 
 @user_errors
 def render_cmd(settings: Settings, stack: str, to_stdout: bool) -> None:
     """Write the complete build context to BUILD_DIR/STACK/context and print its path."""
-    rendered = settings.render(settings.checked(stack))
+    rendered = settings.render_locked(settings.locked(stack, allow_floating=True))
     if to_stdout:
         click.echo(rendered.dockerfile, nl=False)
         return

@@ -22,13 +22,13 @@ from builder.cli.app import (
     user_errors,
 )
 from builder.cli.keys import read_signing_key, signing_key_option
+from builder.engine.mounts import SYNTAX, parse_mount
 from builder.engine.progress import Say
 from builder.engine.protocol import Engine
 from builder.errors import StackError
 from builder.evidence.keys import SigningKey
 from builder.image.cabundle import resolve_ca_bundle
 from builder.manifest.checkpoint import check_checkpoint
-from builder.manifest.mounts import SYNTAX, parse_mount
 from builder.manifest.resolve import ResolvedStack
 from builder.verify import model_folder
 from builder.verify.kernel_cache import summary_lines
@@ -183,7 +183,7 @@ def test_command(
 
 def _smoke_mounts(volumes: tuple[str, ...], mounts: tuple[str, ...]) -> dict[str, str]:
     """--volume (and the deprecated --mount) as the smoke's read-only binds, host folder to
-    container path: the syntax pin's --volume takes (manifest/mounts.py); a host folder that
+    container path: the syntax pin's --volume takes (engine/mounts.py); a host folder that
     exists, since the smoke server reads what is there."""
     if mounts:
         click.echo(

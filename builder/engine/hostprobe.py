@@ -4,7 +4,7 @@ registered nvidia runtime, the NVIDIA Container Toolkit's hook, CDI specs); and 
 of the GPUs' PCIe topology that `doctor`'s tensor-parallel checks parse and judge
 (builder/hosts/topology/).
 
-Every command that asks "is there a GPU here?" (`doctor`, `verify`, `test --require-gpu`, the
+Every command that asks "is there a GPU here?" (`doctor`, `drift`, `test --require-gpu`, the
 smoke, the fleet gate) asks this module, so no two of them can disagree (a CDI-only host once
 passed `doctor` and failed `test --require-gpu`). It is the only module that looks at devices;
 tests/test_layering.py holds it to that. Probing runs commands, so it happens only when a

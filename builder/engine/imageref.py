@@ -62,10 +62,24 @@ class ImageRef:
         return self.repository if host is None else self.repository[len(host) + 1 :]
 
     @property
+    def tagged(self) -> str:
+        """repository[:tag], the digest left off: what a manifest names as a base."""
+        return self.repository if self.tag is None else f"{self.repository}:{self.tag}"
+
+    @property
     def reference(self) -> str | None:
         """What a registry's manifest URL takes for it: the digest if it has one, else the tag
         (None: neither, which Docker reads as `latest`)."""
         return self.digest or self.tag
+
+
+def digest_of(ref: str) -> str:
+    """The digest of a pinned reference (`repository[:tag]@sha256:...`, or the digest alone);
+    ValueError for one that names none."""
+    digest = parse(ref).digest if not DIGEST_RE.match(ref) else ref
+    if digest is None:
+        raise ValueError(f"{ref!r} names no digest (REPOSITORY@sha256:DIGEST)")
+    return digest
 
 
 def parse(ref: str) -> ImageRef:

@@ -1,6 +1,6 @@
 """The container engine as the pipeline uses it: a typed interface, not an SDK client.
 
-Every step that talks to the engine (lock, build, push and pull, test, deploy, verify, doctor)
+Every step that talks to the engine (lock, build, push and pull, test, deploy, drift, doctor)
 is written against `Engine`, which names the few operations the tool really performs. The docker
 SDK stays behind one adapter (docker_engine.py), so its untyped objects and its exception
 classes reach no step, and tests can hand a step a small fake instead of a daemon.
@@ -115,7 +115,7 @@ class Container(Protocol):
 
 @dataclass(frozen=True)
 class Mount:
-    """The one mount type: what `--volume` parses (manifest/mounts.py), what a pin holds
+    """The one mount type: what `--volume` parses (engine/mounts.py), what a pin holds
     (hosts/pins.py, its YAML fields are these three) and what every rendering of a pin reads
     (hosts/container.py). `kind` is the one place that says which mounts are binds, so compose,
     the unit, the SDK, Kubernetes and drift cannot disagree (tests/test_mount_rule.py)."""

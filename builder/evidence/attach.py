@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from builder.engine import imageref
 from builder.engine.address import DEFAULT as DEFAULT_ADDRESS
 from builder.engine.protocol import Engine
 from builder.engine.throwaway import run_throwaway
@@ -101,7 +102,7 @@ def attach_evidence(
     """The verdict document, SBOM and provenance of the image pushed as digest_ref, each a
     DSSE envelope signed by signer (the build key) where given (evidence/signing.py)."""
     store = ArtifactStore(registry)
-    digest = digest_ref.rpartition("@")[2]
+    digest = imageref.digest_of(digest_ref)
     subject = store.image(digest)
     lock = rendered.lock
     report = _report(record)

@@ -26,7 +26,7 @@ from builder.engine import imageref
 from builder.image.names import source_revision
 from builder.image.records import Record
 from builder.image.verdicts import Verdicts
-from builder.manifest.strict import Strict
+from builder.knowledge.strict import Strict
 
 if TYPE_CHECKING:
     from cyclonedx.model import HashType

@@ -28,9 +28,9 @@ from builder.errors import StackError
 from builder.evidence.keys import PublicKey, load_public_key
 from builder.evidence.signing import read_envelope, subject_digests
 from builder.image.verdicts import gpu_kind_key
-from builder.manifest.knowledge import locate, validation_error
-from builder.manifest.strict import Strict
-from builder.manifest.yamlsafe import YamlDocument, dotted, load_yaml
+from builder.knowledge.loader import locate, validation_error
+from builder.knowledge.strict import Strict
+from builder.knowledge.yamlsafe import YamlDocument, dotted, load_yaml
 
 POLICY_FILE = "trust.yaml"
 POLICY_VERSION = 1

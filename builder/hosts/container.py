@@ -2,7 +2,7 @@
 
 The compose file, the systemd unit's `docker run` arguments, the engine-API container that
 `deploy --apply` starts and the Kubernetes Deployment (hosts/deploy.py, hosts/k8s.py) all read
-`describe(pin)`, and `verify` compares a running container with it (hosts/drift.py): four
+`describe(pin)`, and `drift` compares a running container with it (hosts/drift.py): four
 renderings cannot disagree about what runs. Its mounts are the one `Mount`, whose `kind` says
 which are binds (tests/test_mount_rule.py renders one pin every way and compares).
 

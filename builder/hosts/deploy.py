@@ -17,6 +17,7 @@ from typing import Any
 
 import jinja2
 
+from builder.engine import imageref
 from builder.engine.hostprobe import RUNTIME_FIX
 from builder.engine.protocol import ContainerSpec, Engine, PortBinding
 from builder.errors import EngineError, StackError, ToolMissing
@@ -189,7 +190,7 @@ BeforeStart = Callable[[Pin, Engine], "str | None"]
 
 
 def apply(pin: Pin, engine: Engine, before_start: BeforeStart | None = None) -> str:
-    """Run the pin on this engine. A container that verify would find clean is left alone; any
+    """Run the pin on this engine. A container that drift would find clean is left alone; any
     other (drifted, stopped, crash-looping, unhealthy) is replaced, so a fresh one starts with a
     zero restart count. Returns what was done, in words."""
     made = make_host_folders(pin)
@@ -228,9 +229,9 @@ def ensure_image(pin: Pin, engine: Engine) -> None:
     """Pull the pinned digest unless the engine already has it."""
     if engine.image(pin.image) is not None:
         return
-    repository, digest = pin.image.split("@", 1)
+    repository = imageref.parse(pin.image).tagged  # a pin is repository[:tag]@sha256:...
     try:
-        engine.pull(repository, digest)
+        engine.pull(repository, imageref.digest_of(pin.image))
     except EngineError as exc:
         raise NotStarted(
             f"pulling {pin.image} failed: {separated(exc.explanation)}",

@@ -10,7 +10,7 @@ which must pass the same gate; the hosts after it are not touched. A host whose 
 already ran as pinned was not changed, so a failure there stops the roll without a rollback.
 
 The pin files are not rewritten: a host rolled back runs its previous pin while its pin still
-names the new one, and `verify` says so, until the pin is fixed (pin again) and rolled again.
+names the new one, and `drift` says so, until the pin is fixed (pin again) and rolled again.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
-from builder.engine.progress import Say, Throttle
+from builder.engine import imageref
+from builder.engine.progress import Say
 from builder.engine.protocol import Container, Engine
 from builder.errors import (
     EngineError,
@@ -30,12 +29,14 @@ from builder.errors import (
     OperationFailed,
     StackError,
     ToolMissing,
+    engine_lost,
 )
 from builder.hosts.deploy import BeforeStart, NotStarted, apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
 from builder.hosts.superseded import remove_superseded
 from builder.manifest.resolve import ResolvedStack
+from builder.verify.health import wait_healthy
 from builder.verify.smoke import run_smoke_url
 from builder.verify.smoke_report import Check
 from builder.warm.lifecycle import Proof
@@ -48,7 +49,6 @@ ROLLED_BACK = "rolled back"
 #: may serve on the host, which the summary must not call rolled back.
 ROLLBACK_FAILED = "rollback failed"
 NOT_REACHED = "not reached"
-POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -161,12 +161,9 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
 
 def _said(exc: Exception, engine: str) -> str:
     """The error as the command prints it: an engine that stopped answering mid-deploy (killed,
-    restarted) with what to do, as every command says it (cli/app.py's user_errors)."""
+    restarted) with what to do, in errors.engine_lost's words."""
     if isinstance(exc, EngineUnreachable):
-        return (
-            f"the Docker engine stopped answering: {exc.explanation}; once it answers again "
-            f"(`docker -H {engine} version`), deploy again"
-        )
+        return engine_lost(exc.explanation, "deploy again", engine)
     return exc.explanation if isinstance(exc, EngineError) else str(exc)
 
 
@@ -269,34 +266,29 @@ def health_gate(
         except StackError as exc:  # no URL to ask: the container's own word is all there is
             return state_gate(pin, engine, _message(exc))
         limit = timeout_s if timeout_s is not None else pin.health.start_period_s
-        began = time.monotonic()
-        last = "no answer yet"
-        waiting = Throttle(progress)
-        while time.monotonic() - began < limit:
+        seen: list[Container] = []
+
+        def stopped() -> str | None:
             container = engine.container(pin.container)
             if container is None:
-                return GateResult(False, f"{pin.container} is gone")
-            if waiting.due():
-                waiting.line(
-                    f"{pin.host}: waiting for {url}, {time.monotonic() - began:.0f} s of "
-                    f"{limit:.0f} s ({last}); the server last logged: {_last_logged(container)}"
-                )
-            stopped = [d for d in state_drifts(container.attrs) if d.name in ("state", "restarts")]
-            if stopped:
-                return GateResult(False, f"{pin.container} {stopped[0].detail}")
-            try:
-                answer = requests.get(url, timeout=5)
-            except requests.RequestException as exc:
-                last = exc.__class__.__name__
-            else:
-                if 200 <= answer.status_code < 300:
-                    waited = time.monotonic() - began
-                    return GateResult(
-                        True, f"{url} answered {answer.status_code} after {waited:.0f} s"
-                    )
-                last = f"HTTP {answer.status_code}"
-            time.sleep(POLL_S)
-        return GateResult(False, f"no 2xx from {url} within {limit:.0f} s (last: {last})")
+                return f"{pin.container} is gone"
+            seen[:] = [container]
+            drifts = [d for d in state_drifts(container.attrs) if d.name in ("state", "restarts")]
+            return f"{pin.container} {drifts[0].detail}" if drifts else None
+
+        def describe(waited: float, last: str) -> str:
+            logged = _last_logged(seen[0]) if seen else "(nothing yet)"
+            return (
+                f"{pin.host}: waiting for {url}, {waited:.0f} s of {limit:.0f} s ({last}); "
+                f"the server last logged: {logged}"
+            )
+
+        health = wait_healthy(lambda: url, limit, stopped, progress, describe)
+        if health.stopped is not None:
+            return GateResult(False, health.stopped)
+        if health.ok:
+            return GateResult(True, f"{url} answered {health.status} after {health.waited_s:.0f} s")
+        return GateResult(False, f"no 2xx from {url} within {limit:.0f} s (last: {health.last})")
 
     return gate
 
@@ -412,7 +404,7 @@ def both(first: Gate, then: Gate) -> Gate:
 
 
 def drift_rows(reports: Sequence[tuple[Pin, str, Report]]) -> list[dict[str, str]]:
-    """One row per host for `verify --all`'s table: engine, stack, image and its drifts."""
+    """One row per host for `drift --all`'s table: engine, stack, image and its drifts."""
     rows = []
     for pin, engine, report in reports:
         names = sorted({d.name for d in report.drifts})
@@ -421,7 +413,7 @@ def drift_rows(reports: Sequence[tuple[Pin, str, Report]]) -> list[dict[str, str
                 "host": pin.host,
                 "engine": engine,
                 "stack": pin.stack,
-                "image": pin.image.rsplit("@", 1)[-1][:19],
+                "image": imageref.digest_of(pin.image)[:19],
                 "status": "DRIFT" if report.drifts else "as pinned",
                 "drifts": ", ".join(names) or "-",
                 "warm": report.warm or "-",

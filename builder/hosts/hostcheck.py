@@ -1,6 +1,6 @@
 """Host prerequisites of a GPU serving host: engine, NVIDIA driver, GPUs, container runtime.
 
-Shared by `verify` (prerequisites are one kind of drift) and `doctor` (prerequisites alone, each
+Shared by `drift` (prerequisites are one kind of drift) and `doctor` (prerequisites alone, each
 failure with its fix). The facts come from `engine.hostprobe`, the one probe every GPU question
 goes through; this module only judges them against what a stack needs.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from builder.engine.hostprobe import CDI_FIX, RUNTIME_FIX, TOOLKIT_REPOSITORY, HostFacts
-from builder.manifest.archflags import capabilities
+from builder.knowledge.archflags import capabilities
 
 DRIVER_FIX = "install the NVIDIA driver{need} (e.g. `apt-get install nvidia-driver`), then reboot"
 

@@ -31,7 +31,7 @@ from builder.errors import StackError
 from builder.files import write_atomic
 from builder.hosts.container import SECRET_TARGET, describe
 from builder.hosts.pin_schema import LABEL_CONTENT, LABEL_HOST, LABEL_STACK, Pin
-from builder.manifest.vllm_argv import last_value
+from builder.vllmcli.vllm_argv import last_value
 
 SCHEMA = REPO_ROOT / "knowledge" / "k8s" / "schema.json"
 FILE = "k8s.yaml"
@@ -59,7 +59,7 @@ def object_name(pin: Pin) -> str:
 
 def gpu_count(pin: Pin) -> int:
     """GPUs the server needs: its tensor-parallel times its pipeline-parallel size, read as
-    vLLM's parser reads them (manifest/vllm_argv)."""
+    vLLM's parser reads them (vllmcli/vllm_argv)."""
     return _flag(pin.command, TP_FLAGS) * _flag(pin.command, PP_FLAGS)
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from builder.engine.mounts import DEFAULT_MODELS, MODELS_TARGET, models_mount, parse_mount
 from builder.engine.protocol import Mount
 from builder.errors import StackError
 from builder.hosts.hostcheck import requirements_for
@@ -28,8 +29,7 @@ from builder.hosts.pin_schema import (
 )
 from builder.image.names import local_ref
 from builder.image.records import CPU, Record, require_tested
-from builder.manifest.cache_volume import cache_volume
-from builder.manifest.mounts import DEFAULT_MODELS, MODELS_TARGET, models_mount, parse_mount
+from builder.knowledge.cache_volume import cache_volume
 from builder.manifest.resolve import ResolvedStack
 from builder.manifest.serve import serve_argv
 
@@ -213,7 +213,7 @@ def _refuse_open_serve_port(pin: Pin) -> Pin:
             key="--port",
             hint="give the server a key (--api-key-file FILE on the host; clients send it as "
             "`Authorization: Bearer KEY`), publish on loopback (--port 127.0.0.1:H:C), or "
-            "pass --no-auth to publish it open (recorded in the pin; verify reports it)",
+            "pass --no-auth to publish it open (recorded in the pin; drift reports it)",
         )
     return pin
 
@@ -298,7 +298,7 @@ def _gpus(text: str) -> Literal["all", "none"] | list[int]:
 
 
 def _volume(text: str) -> Mount:
-    """--volume SOURCE:TARGET[:ro], read as every command reads a mount (manifest/mounts.py)."""
+    """--volume SOURCE:TARGET[:ro], read as every command reads a mount (engine/mounts.py)."""
     return parse_mount(text, "--volume")
 
 

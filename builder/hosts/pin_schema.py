@@ -2,7 +2,7 @@
 labels a pinned container carries, and what a pin's published ports say (`port_parts`, and
 `exposure_findings`: a serve port open beyond loopback without a key).
 
-A pin is self-contained: deploy, verify and doctor read only the pin (the stack's requirements
+A pin is self-contained: deploy, drift and doctor read only the pin (the stack's requirements
 on the host are copied into it), so a serving host needs no stacks/ checkout. Reading and
 writing the files is builder/hosts/pins.py; making a pin from a tested image is
 builder/hosts/pin_making.py.
@@ -17,12 +17,13 @@ from pydantic import AfterValidator, Field, StringConstraints, field_validator
 
 from builder.engine import imageref
 from builder.engine.address import ADDRESS_PATTERN
+from builder.engine.mounts import checked
 from builder.engine.protocol import Mount
 from builder.errors import StackError
 from builder.hosts.hostcheck import Requirements
-from builder.manifest.model import ExactVersion, Identifier, SafeText, ServeArg, Sha256, Slug
-from builder.manifest.mounts import checked
-from builder.manifest.strict import Strict
+from builder.knowledge.strict import Strict
+from builder.knowledge.text import Identifier, SafeText, ServeArg, Sha256, Slug
+from builder.manifest.model import ExactVersion
 
 #: 2: serve_port recorded, needs.targets maps each GPU target to its capability. Pins of schema 1
 #: (earlier versions of this tool) are still read: see pins.py's _from_schema_1.
@@ -41,7 +42,7 @@ Capability = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$
 EngineAddress = Annotated[str, StringConstraints(pattern=ADDRESS_PATTERN, max_length=300)]
 
 #: A pin's mount: the one Mount (YAML fields source, target, read_only), shape-checked as
-#: `--volume` checks it (manifest/mounts.py).
+#: `--volume` checks it (engine/mounts.py).
 PinMount = Annotated[Mount, AfterValidator(checked)]
 
 
@@ -88,7 +89,7 @@ class Pin(Strict):
     #: The GPU kind whose served verdict the pin relies on ("cpu" for a CPU stack); None: the
     #: image never served on this host's kind and the pin was made with --allow-unserved.
     served_on: Annotated[str, StringConstraints(max_length=200)] | None = None
-    #: Pinned with --allow-unserved: `verify` shows it as a finding.
+    #: Pinned with --allow-unserved: `drift` shows it as a finding.
     allow_unserved: bool = False
     #: Pinned with --allow-unsigned (evidence the trust policy would refuse): `drift` shows
     #: it as a drift named `unsigned`.
@@ -102,7 +103,7 @@ class Pin(Strict):
     #: read-only into the container, read by vLLM (VLLM_API_KEY) or the in-image key gate
     #: (hosts/container.py). Needed to publish the serve port beyond loopback.
     api_key_file: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]+$")] | None = None
-    #: Published beyond loopback without a key, as asked (--no-auth): `verify` shows it.
+    #: Published beyond loopback without a key, as asked (--no-auth): `drift` shows it.
     no_auth: bool = False
     #: UID[:GID] the server runs as (--user); None: the image's own (root: the images' caches
     #: and the named cache volume are root's).

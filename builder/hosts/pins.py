@@ -3,7 +3,7 @@ reads and writes those files (a pin of schema 1 upgraded on read, the pin a host
 kept under hosts/previous/) and is where other packages import the pin's names from.
 
 A pin is a plain YAML file meant for git, one per host, so pins of different hosts never
-conflict. It is self-contained: deploy, verify and doctor read only the pin (the stack's
+conflict. It is self-contained: deploy, drift and doctor read only the pin (the stack's
 requirements on the host are copied into it), so a serving host needs no stacks/ checkout.
 Only an image whose tests passed and that was pushed can be pinned (builder.image.records).
 The schema is builder/hosts/pin_schema.py; making a pin, builder/hosts/pin_making.py.
@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from builder.engine.mounts import DEFAULT_MODELS
 from builder.errors import StackError
 from builder.files import write_atomic
 from builder.hosts.pin_making import (
@@ -38,10 +39,9 @@ from builder.hosts.pin_schema import (
     labels,
     port_parts,
 )
-from builder.manifest.archflags import capabilities
-from builder.manifest.knowledge import parse_document
-from builder.manifest.mounts import DEFAULT_MODELS
-from builder.manifest.yamlsafe import YamlDocument, load_yaml
+from builder.knowledge.archflags import capabilities
+from builder.knowledge.loader import parse_document
+from builder.knowledge.yamlsafe import YamlDocument, load_yaml
 
 __all__ = [
     "CACHE_ENV",
@@ -71,7 +71,7 @@ __all__ = [
 
 HEADER = (
     "# Pinned by `sm120-stacks pin {host} {stack}`. Deploy with `sm120-stacks deploy {host}`,\n"
-    "# check the host with `sm120-stacks verify {host}`. Commit this file.\n"
+    "# check the host with `sm120-stacks drift {host}`. Commit this file.\n"
 )
 #: Where the pin a host had before its current one is kept (what a failed roll goes back to).
 PREVIOUS_DIR = "previous"

@@ -2,7 +2,7 @@
 proved after each start (builder/warm/lifecycle.py says how).
 
 Kept apart from deploy.py so that rendering a pin's files never needs a registry: only a
-deploy that starts a container, `cache capture` and `verify` reach for the artifacts.
+deploy that starts a container, `cache capture` and `drift` reach for the artifacts.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from builder.evidence.trust import TrustPolicy
 from builder.hosts import remote
 from builder.hosts.container import volumes
 from builder.hosts.pins import Pin
-from builder.manifest.cache_volume import cache_volume
+from builder.knowledge.cache_volume import cache_volume
 from builder.warm import artifact
 from builder.warm.archive import CapturedFile
 from builder.warm.artifact import Found
@@ -128,7 +128,7 @@ def proof_of(pin: Pin, engine: Engine) -> Proof | None:
 
 
 def warm_summary(pin: Pin, engine: Engine) -> str | None:
-    """verify's words for the running server's start: warm or cold, and what it compiled."""
+    """drift's words for the running server's start: warm or cold, and what it compiled."""
     try:
         proof = proof_of(pin, engine)
     except (StackError, OperationFailed) as exc:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.engine import imageref
 from builder.errors import ToolMissing
 from builder.manifest.substitute import ENV_VAR as SUBSTITUTE_ENV
 
@@ -80,12 +81,13 @@ def as_written(seen: str, written: Sequence[str]) -> str:
 
 
 def _canonical(ref: str) -> str:
-    name = ref.split("@", 1)[0]
-    first, _, rest = name.partition("/")
-    if not rest or ("." not in first and ":" not in first and first != "localhost"):
-        name = f"docker.io/{name}"
+    """ref as BuildKit spells it: docker.io/ (and library/) before a Docker Hub name, :latest
+    for no tag, the digest left off; the host rule is imageref's."""
+    try:
+        parsed = imageref.parse(ref)
+    except ValueError:  # no reference by the grammar: compared as it stands
+        return ref
+    name = parsed.repository if parsed.host is not None else f"docker.io/{parsed.repository}"
     if name.count("/") == 1 and name.startswith("docker.io/"):
         name = "docker.io/library/" + name[len("docker.io/") :]
-    if ":" not in name.rsplit("/", 1)[-1]:
-        name += ":latest"
-    return name
+    return f"{name}:{parsed.tag or 'latest'}"

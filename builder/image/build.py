@@ -25,10 +25,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from builder.engine.address import ENV as ADDRESS_ENV
 from builder.engine.address import client_env
 from builder.engine.progress import Progress
 from builder.engine.protocol import Engine, Image
-from builder.errors import OperationFailed, StackError, ToolMissing
+from builder.errors import OperationFailed, StackError, ToolMissing, once_it_answers
 from builder.image.basepull import base_unavailable_error, unpullable_base
 from builder.image.buildcache import CacheSettings, cache_argv
 from builder.image.buildclient import BuildClient
@@ -339,7 +340,8 @@ def _run_build(
         if failed is None and _podman_api(tail):
             raise ToolMissing(PODMAN_CANNOT_BUILD, hint=f"log: {log_path}")
         if failed is None and (current is not None or _client_lost_engine(tail)):
-            raise BuildFailed(_engine_lost(stack, current, tail, log_path))
+            engine = (where or {}).get(ADDRESS_ENV)
+            raise BuildFailed(_engine_lost(stack, current, tail, log_path, engine))
         step = f"step {_short(failed[0])}: {_short(failed[1])}" if failed else "its first step"
         failure = BuildFailed(f"build of {stack} failed at {step}\n  log: {log_path}")
         base = unpullable_base(failed, tail)
@@ -370,7 +372,9 @@ def _client_lost_engine(tail: deque[str]) -> bool:
     return any(line.lower().startswith(_CLIENT_LOST) for line in tail)
 
 
-def _engine_lost(stack: str, step: str | None, tail: deque[str], log_path: Path) -> str:
+def _engine_lost(
+    stack: str, step: str | None, tail: deque[str], log_path: Path, engine: str | None = None
+) -> str:
     """The client failed while no step had: the engine went away under the build (restarted,
     stopped, its socket gone), during a step or before the first. No step is to blame, and a
     retry is what recovers."""
@@ -378,9 +382,10 @@ def _engine_lost(stack: str, step: str | None, tail: deque[str], log_path: Path)
     where = f"during step {_short(step, 100)}" if step else "before its first step"
     return (
         f"build of {stack} stopped {where} with no step failing: the "
-        f"build client lost the engine (it said: {_short(last, 120)}); no image was tagged. "
-        f"Build again once the engine answers: the finished steps are in its build cache "
-        f"(log: {log_path})"
+        f"build client lost the engine (it said: {_short(last, 120)}); no image was tagged; "
+        + once_it_answers(
+            f"build again: the finished steps are in its build cache (log: {log_path})", engine
+        )
     )
 
 

@@ -51,11 +51,12 @@ class BuildRequest:
 
 @dataclass(frozen=True)
 class Made:
-    """What `make_image` did: built or found the image (`outcome`), or pulled it from the
-    registry that had it (`pulled_from`, outcome None)."""
+    """What `make_image` did: built or found the image (`outcome`), or found that the registry
+    asked has it (`pull_from`, outcome None): the caller pulls it with its evidence there
+    (evidence/pull.py, a step above this one, so image/ does not call back up to it)."""
 
     outcome: BuildOutcome | None = None
-    pulled_from: Registry | None = None
+    pull_from: Registry | None = None
     #: Where the build's layer cache came from (none: the local cache only).
     cache_sources: tuple[str, ...] = ()
 
@@ -73,18 +74,16 @@ def make_image(
     engine: Engine,
     folders: tuple[Path, Path],
     taken: str,
-    pull: Callable[[Registry], object],
     say: Callable[[str], object] = lambda line: None,
 ) -> Made:
-    """Pull (the registry's answer), reuse or build the image of rendered, and remember the
-    outcome for the up-to-date check. folders: (build folder, stacks folder); taken: the
-    inputs' fingerprint from before the command resolved anything (inputs_taken); pull: pulls
-    the image with its evidence from a registry that has it (--pull-or-build); say: where a
-    line goes before a long build starts (the registry asked had no such image)."""
+    """Reuse or build the image of rendered and remember the outcome for the up-to-date check,
+    or, with --pull-or-build, say that the registry has it (Made.pull_from: the caller pulls).
+    folders: (build folder, stacks folder); taken: the inputs' fingerprint from before the
+    command resolved anything (inputs_taken); say: where a line goes before a long build starts
+    (the registry asked had no such image)."""
     build_dir, stacks_dir = folders
     if request.pull_from is not None and registry_has_current(rendered, engine, request.pull_from):
-        pull(request.pull_from)
-        return Made(pulled_from=request.pull_from)
+        return Made(pull_from=request.pull_from)
     if request.pull_from is not None:
         say(f"{request.pull_from.repository} has no image of this content hash; building")
     client = functools.cache(lambda: detect_build_client(memo=client_memo(build_dir)))
@@ -103,7 +102,7 @@ def make_image(
         )
     options = replace(request.options, cache=cache)
     outcome = build_stack(locked.stack, rendered, build_dir, client, engine, options)
-    wheels = {str(c.source): (c.size, c.mtime_ns) for c in rendered.copied.values()}
+    wheels = {str(c.source): c.fingerprint for c in rendered.copied.values()}
     built = (outcome.content_hash, outcome.image_ref, outcome.image_id)
     uptodate.remember(
         build_dir, stacks_dir, locked.name, wheels, *built, moving_ref(locked.name), taken

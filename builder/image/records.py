@@ -27,7 +27,7 @@ from builder.errors import StackError
 from builder.files import write_atomic
 from builder.image.names import HASH_CHARS
 from builder.image.verdicts import CPU, ServedVerdict, Verdict, Verdicts, gpu_kind_key, merge
-from builder.manifest.model import Sha256, Slug
+from builder.knowledge.text import Sha256, Slug
 
 #: repo@sha256:...: what `pin` copies into a pin; a hand-edited record is refused on reading.
 PushedRef = Annotated[str, StringConstraints(pattern=imageref.PINNED)]

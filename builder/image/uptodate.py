@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from builder import REPO_ROOT
+from builder.engine import imageref
 from builder.engine.socket_api import SocketApi
 from builder.errors import EngineError
 from builder.files import fingerprint as file_fingerprint
@@ -55,7 +56,7 @@ def remember(
     build_dir: Path,
     stacks_dir: Path,
     stack: str,
-    wheels: dict[str, tuple[int, int]],
+    wheels: dict[str, str],
     content_hash: str,
     image_ref: str,
     image_id: str,
@@ -63,15 +64,13 @@ def remember(
     taken: str,
 ) -> None:
     """Record a build's outcome. `taken` is the fingerprint (without wheels) from before the
-    command resolved anything, `wheels` the size and mtime each local wheel had when it was
+    command resolved anything, `wheels` each local wheel's files.fingerprint when it was
     hashed: if any input moved meanwhile, nothing is recorded and the next build decides in
     full."""
     if fingerprint(stacks_dir, []) != taken:
         return
-    for wheel, (size, mtime_ns) in wheels.items():
-        stat = os.stat(wheel)
-        if (stat.st_size, stat.st_mtime_ns) != (size, mtime_ns):
-            return
+    if any(file_fingerprint(wheel) != seen for wheel, seen in wheels.items()):
+        return
     memo = {
         "schema": SCHEMA,
         "fingerprint": fingerprint(stacks_dir, sorted(wheels)),
@@ -103,8 +102,8 @@ def still_built(build_dir: Path, stacks_dir: Path, stack: str, socket_path: str)
             current = api.image(base)
             if current is not None and current.id != recorded:
                 return None
-        repository, _, tag = memo["moving_ref"].rpartition(":")
-        api.tag(image.id, repository, tag)
+        moving = imageref.parse(memo["moving_ref"])
+        api.tag(image.id, moving.repository, moving.tag or "latest")
         return str(memo["image_ref"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, EngineError):
         return None  # a damaged memo or an engine error: the full path decides and reports it

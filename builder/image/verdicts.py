@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator
 
-from builder.manifest.strict import Strict
+from builder.knowledge.strict import Strict
 
 #: A verdict: the checks passed or failed (None where a model field allows it: never judged).
 Verdict = Literal["passed", "failed"]

@@ -9,6 +9,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from builder.engine import imageref
 from builder.lock.lockfile import LOCK_SCHEMA, Lock
 from builder.manifest.resolve import ResolvedStack, canonical_json, local_wheels
 
@@ -50,8 +51,8 @@ def original_bases(stack: ResolvedStack) -> dict[str, tuple[str, str | None]]:
     out: dict[str, tuple[str, str | None]] = {}
     for role in ("build", "runtime"):
         base = getattr(stack.manifest.bases, role)
-        image, _, digest = undo.get(base.reference, base.reference).partition("@")
-        out[role] = (image, digest or None)
+        parsed = imageref.parse(undo.get(base.reference, base.reference))
+        out[role] = (parsed.tagged, parsed.digest)
     return out
 
 

@@ -79,6 +79,14 @@ def require_pinned_bases(locked: LockedStack, allow: bool) -> list[str]:
     if floating and not allow:
         role = floating[0]
         image = getattr(stack.manifest.bases, role).image
+        if not locked.path.is_file():  # `check` before the first `lock`: say what is missing
+            raise StackError(
+                f"{stack.name} has no lock yet, so its {role} base {image} is not pinned by "
+                "digest",
+                file=locked.path,
+                hint=f"run `sm120-stacks lock {stack.name}` (it pins the bases where their "
+                "registry answers), or pass --allow-floating-base",
+            )
         raise StackError(
             f"the {role} base {image} is not pinned by digest: the image would follow "
             "whatever its tag points to the day it is built",

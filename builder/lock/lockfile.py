@@ -22,9 +22,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
-from builder.manifest.model import Digest, ImageRef, PackageName, Url
+from builder.knowledge.strict import Strict
+from builder.knowledge.text import Digest, ImageRef, PackageName, Url
 from builder.manifest.resolve import canonical_json
-from builder.manifest.strict import Strict
 
 LOCK_SCHEMA = 1
 

@@ -15,13 +15,13 @@ from pathlib import Path
 from builder.errors import (
     StackError,
 )
-from builder.files import write_atomic
+from builder.files import fingerprint, write_atomic
+from builder.knowledge.loader import parse_document
+from builder.knowledge.strict import Strict
+from builder.knowledge.yamlsafe import MAX_BYTES, load_yaml
 from builder.lock.inputs import lock_path, stale_reason
 from builder.lock.lockfile import LOCK_SCHEMA, Hash, Lock, python_digest, remember_python_digest
-from builder.manifest.knowledge import parse_document
 from builder.manifest.resolve import ResolvedStack
-from builder.manifest.strict import Strict
-from builder.manifest.yamlsafe import MAX_BYTES, load_yaml
 
 #: What a parse cache file holds (_ParseCacheEntry); 1 was the bare lock.
 PARSE_CACHE_FORMAT = 2
@@ -34,14 +34,13 @@ def read_lock(path: Path) -> Lock:
     freshness, its versions for the rules, its requirements for the context): it is parsed once
     per process for as long as the file is unchanged (size, mtime, inode), and the parsed lock
     is frozen, so sharing it is safe."""
-    stat = path.stat()
-    if stat.st_size > MAX_BYTES:
+    if path.stat().st_size > MAX_BYTES:
         raise StackError(f"lock file is larger than {MAX_BYTES} bytes", file=path)
-    return _parsed_lock(path.resolve(), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    return _parsed_lock(path.resolve(), fingerprint(path))
 
 
 @functools.lru_cache(maxsize=64)
-def _parsed_lock(path: Path, size: int, mtime_ns: int, inode: int) -> Lock:
+def _parsed_lock(path: Path, seen: str) -> Lock:
     """Parsed from the YAML, or from the parse cache when these very bytes were parsed before:
     YAML parsing is most of what `list` and `check` cost (30 ms a lock), the validated JSON of
     the same lock loads in 2."""

@@ -13,8 +13,8 @@ from builder.errors import (
     StackError,
 )
 from builder.files import write_atomic
+from builder.knowledge.yamlsafe import MAX_BYTES
 from builder.lock.lockfile import Lock
-from builder.manifest.yamlsafe import MAX_BYTES
 
 HEADER = (
     "# Written by `sm120-stacks lock {stack}`: the complete, hash-checked input set of its image.\n"

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from builder.errors import StackError
-from builder.manifest.knowledge import locate
+from builder.knowledge.loader import locate
+from builder.knowledge.yamlsafe import load_yaml
 from builder.manifest.resolve import ResolvedStack, rule_facts
 from builder.manifest.rules import Violation, evaluate
-from builder.manifest.yamlsafe import load_yaml
 
 
 @dataclass(frozen=True)

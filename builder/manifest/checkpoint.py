@@ -18,11 +18,11 @@ from typing import Any
 from pydantic import Field
 
 from builder.errors import StackError
-from builder.manifest.knowledge import parse_document, read_knowledge
-from builder.manifest.model_shapes import checkpoint_experts
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.model_shapes import checkpoint_experts
+from builder.knowledge.strict import Strict
 from builder.manifest.resolve import ResolvedStack, rule_facts
 from builder.manifest.rules import evaluate
-from builder.manifest.strict import Strict
 
 
 class _Source(Strict):

@@ -11,10 +11,10 @@ from functools import cache
 
 from pydantic import Field
 
-from builder.manifest.archflags import arch_table
-from builder.manifest.knowledge import parse_document, read_knowledge
+from builder.knowledge.archflags import arch_table
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.strict import Strict
 from builder.manifest.resolve import ResolvedStack
-from builder.manifest.strict import Strict
 
 KNOWLEDGE_FILE = "device_code.yaml"
 

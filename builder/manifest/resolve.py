@@ -19,19 +19,20 @@ from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
 from builder import REPO_ROOT
+from builder.engine import imageref
 from builder.errors import StackError
-from builder.manifest.archflags import ArchFlags, arch_table, cuda_facts, derive
-from builder.manifest.jitmodules import JitModule as JitModule
-from builder.manifest.jitmodules import jit_modules_known as jit_modules_known
-from builder.manifest.jitmodules import jit_presets as jit_presets
-from builder.manifest.knowledge import error_at, validation_error
+from builder.knowledge.archflags import ArchFlags, arch_table, cuda_facts, derive
+from builder.knowledge.jitmodules import JitModule as JitModule
+from builder.knowledge.jitmodules import jit_modules_known as jit_modules_known
+from builder.knowledge.jitmodules import jit_presets as jit_presets
+from builder.knowledge.loader import error_at, validation_error
+from builder.knowledge.model_shapes import known_shape
+from builder.knowledge.yamlsafe import YamlDocument, load_yaml
 from builder.manifest.model import Manifest
-from builder.manifest.model_shapes import known_shape
 from builder.manifest.rules import evaluate
 from builder.manifest.servepath import NoRoute, ServePath, check_serve_args, derive_serve_path
 from builder.manifest.start_switches import StartSwitches, start_switches
 from builder.manifest.substitute import Substitutions
-from builder.manifest.yamlsafe import YamlDocument, load_yaml
 
 STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 #: Manifest fields that describe a stack but do not shape its image. They stay out of the
@@ -185,9 +186,9 @@ def _substitute_bases(
         if new is None:
             bases[role] = base
             continue
-        image, _, digest = new.partition("@")
+        parsed = imageref.parse(new)  # a substitution is a REFERENCE (Substitutions.parse)
         replaced[base.reference] = new
-        bases[role] = base.model_copy(update={"image": image, "digest": digest or None})
+        bases[role] = base.model_copy(update={"image": parsed.tagged, "digest": parsed.digest})
     if not replaced:
         return manifest, {}
     new_bases = manifest.bases.model_copy(update=bases)

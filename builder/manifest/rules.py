@@ -20,10 +20,10 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BeforeValidator, Discriminator, Tag, model_validator
 
-from builder.manifest.knowledge import error_at, parse_document, read_knowledge
+from builder.knowledge.loader import error_at, parse_document, read_knowledge
+from builder.knowledge.strict import Strict
+from builder.knowledge.yamlsafe import YamlDocument
 from builder.manifest.start_switches import switch_ids
-from builder.manifest.strict import Strict
-from builder.manifest.yamlsafe import YamlDocument
 
 OPERATORS = frozenset(
     {

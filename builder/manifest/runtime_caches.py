@@ -16,11 +16,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, Field
 
-from builder.manifest.jitmodules import Specifier
-from builder.manifest.knowledge import parse_document, read_knowledge
+from builder.knowledge.jitmodules import Specifier
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.strict import Strict
+from builder.knowledge.yamlsafe import YamlDocument
 from builder.manifest.resolve import ResolvedStack
-from builder.manifest.strict import Strict
-from builder.manifest.yamlsafe import YamlDocument
 
 KNOWLEDGE_FILE = "runtime_caches.yaml"
 

@@ -20,18 +20,20 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from builder.errors import StackError
-from builder.manifest.jitmodules import ArgValue, jit_modules_known
-from builder.manifest.knowledge import error_at
-from builder.manifest.model import KvCacheDtype, Manifest
-from builder.manifest.routes import (
+from builder.knowledge.jitmodules import ArgValue, jit_modules_known
+from builder.knowledge.loader import error_at
+from builder.knowledge.routes import (
     ROUTES_FILE,
     RoutesFile,
     RouteVersion,
     attention_routes,
     fact_name,
 )
-from builder.manifest.serveflags import command_options
-from builder.manifest.vllm_argv import (
+from builder.knowledge.text import KvCacheDtype
+from builder.knowledge.yamlsafe import YamlDocument
+from builder.manifest.model import Manifest
+from builder.vllmcli.serveflags import command_options
+from builder.vllmcli.vllm_argv import (
     VLLM_OPTIONS,
     BackendOption,
     ExtraArgError,
@@ -39,7 +41,6 @@ from builder.manifest.vllm_argv import (
     expand,
     option_of,
 )
-from builder.manifest.yamlsafe import YamlDocument
 
 FLASHINFER = "FLASHINFER"
 
@@ -97,7 +98,7 @@ def check_serve_args(manifest: Manifest, docs: list[YamlDocument]) -> None:
             docs,
             ("serve", "extra_args", index),
             f"{arg}: the serve command passes {option} itself, from the typed serve settings "
-            f"(builder/manifest/serveflags.py){abbreviated}; the server would run with whichever "
+            f"(builder/vllmcli/serveflags.py){abbreviated}; the server would run with whichever "
             "comes last, while check (its rules, the FlashInfer modules derived for the serve "
             "path) reads only the typed setting",
             options[option],

@@ -11,7 +11,6 @@ the wheel does not read (exit 2 at the key), and hands the rules the switches le
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -20,12 +19,12 @@ from typing import Any, Literal
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from builder.manifest.knowledge import error_at, parse_document, read_knowledge
+from builder.knowledge.loader import error_at, parse_document, read_knowledge
+from builder.knowledge.strict import Strict
+from builder.knowledge.yamlsafe import YamlDocument
 from builder.manifest.model import Manifest
 from builder.manifest.servepath import FLASHINFER, ServePath
-from builder.manifest.strict import Strict
-from builder.manifest.vllm_argv import CONFIG_OPTIONS, VLLM_OPTIONS, expand, option_of, value_of
-from builder.manifest.yamlsafe import YamlDocument
+from builder.vllmcli.vllm_argv import ExtraArgError, attention_config_value
 
 SWITCHES_FILE = "serve_switches.yaml"
 ENV_NAMES_FILE = "vllm_env_names.yaml"
@@ -237,31 +236,15 @@ def _nonzero(value: str | None) -> bool:
 def _config_value(
     args: Sequence[str], key: str, docs: list[YamlDocument]
 ) -> tuple[bool, int] | None:
-    """The value vLLM's --attention-config ends up with for key, and the argument giving it:
-    JSON objects in order, then the dotted --attention-config.KEY VALUE ones (merged, passed
-    last; vllm_argv.attention_backend_option has the parser's rules); None where none sets it."""
-    objects: list[tuple[Any, int]] = []
-    dotted: dict[str, tuple[Any, int]] = {}
-    for index, arg in enumerate(args):
-        parsed = option_of(arg)
-        if parsed is None:
-            continue
-        name, value = parsed
-        spelled, _, sub = name.partition(".")
-        if expand(spelled, VLLM_OPTIONS) not in CONFIG_OPTIONS:
-            continue
-        text = value_of(args, index, value, spelled)
-        if sub == key:
-            dotted[spelled] = (_json(text), index)
-        elif sub:
-            dotted.setdefault(spelled, (None, index))
-        else:
-            loaded = _json(text)
-            objects.append((loaded.get(key) if isinstance(loaded, dict) else None, index))
-    chosen = [*objects, *dotted.values()]
-    if not chosen or chosen[-1][0] is None:
+    """The value vLLM's --attention-config ends up with for key (vllm_argv's one reader of its
+    merge), as a switch, and the argument giving it; None where none sets it."""
+    try:
+        chosen = attention_config_value(args, key)
+    except ExtraArgError as exc:
+        raise error_at(docs, ("serve", "extra_args", exc.index), exc.message, exc.hint) from None
+    if chosen is None or chosen[0] is None:
         return None
-    setting, index = chosen[-1]
+    setting, index = chosen
     if isinstance(setting, str) and setting.lower() in ("true", "false"):
         setting = setting.lower() == "true"
     if not isinstance(setting, bool | int):
@@ -272,13 +255,6 @@ def _config_value(
             f"write --attention-config.{key}=false",
         )
     return bool(setting), index
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 __all__ = ["StartSwitches", "SwitchFix", "start_switches", "switch_ids", "trtllm_gate"]

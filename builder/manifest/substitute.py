@@ -58,4 +58,7 @@ class Substitutions:
 
 
 def _has_tag(ref: str) -> bool:
-    return ":" in ref.rsplit("/", 1)[-1]
+    try:
+        return imageref.parse(ref).tag is not None
+    except ValueError:  # not a reference: Substitutions.parse refuses it by _REF
+        return False

@@ -22,6 +22,7 @@ import jinja2
 
 from builder import REPO_ROOT
 from builder.errors import StackError
+from builder.files import fingerprint
 from builder.lock.inputs import base_reference
 from builder.lock.locked import LockedStack, lock_stack
 from builder.lock.lockfile import Lock
@@ -93,7 +94,9 @@ class CopiedFile:
     source: Path
     sha256: str
     size: int
-    mtime_ns: int
+    #: files.fingerprint of the source when its digest was taken: a copy or a memo refuses a
+    #: file that moved since.
+    fingerprint: str
 
 
 @dataclass(frozen=True)
@@ -291,9 +294,9 @@ def render_locked(
     )
     copied: dict[str, CopiedFile] = {}
     for source in local_wheels(stack):
-        stat = source.stat()
+        seen = fingerprint(source)  # before the digest: a change while hashing is then seen
         copied[f"wheels/{source.name}"] = CopiedFile(
-            source, digests.sha256(source), stat.st_size, stat.st_mtime_ns
+            source, digests.sha256(source), source.stat().st_size, seen
         )
     files.update(_patch_files(stack, {p["file"] for p in ctx.jit_patches}))
     return RenderedContext(stack=stack.name, files=files, copied=copied, lock=lock)
@@ -346,8 +349,8 @@ def write_context(rendered: RenderedContext, target: Path) -> Path:
 def _copy_unchanged(copied: CopiedFile, path: Path) -> None:
     """Copy a file into the context, refusing one that changed since its digest was taken: the
     image would carry bytes its content hash does not name."""
-    stat = copied.source.stat()
-    if (stat.st_size, stat.st_mtime_ns) != (copied.size, copied.mtime_ns):
+    stat = copied.source.stat()  # its mode: a hard link keeps the source's
+    if fingerprint(copied.source) != copied.fingerprint:
         raise StackError(
             f"{copied.source} changed while the context was written",
             hint="run the command again once nothing writes to that file",

@@ -11,28 +11,12 @@ not by the stack, so every stack with the same FlashInfer, torch, CUDA, arch and
 from __future__ import annotations
 
 import hashlib
-from functools import cache
-from typing import Annotated
 
-from pydantic import StringConstraints
-
+from builder.knowledge.jit_dependencies import jit_dependency_names
 from builder.lock.lockfile import Lock, normalize
-from builder.manifest.knowledge import parse_document, read_knowledge
 from builder.manifest.model import PackagePin, Patch
 from builder.manifest.resolve import ResolvedStack, canonical_json
-from builder.manifest.strict import Strict
 from builder.render.requirements import lock_requirements
-
-
-class _JitDependencies(Strict):
-    packages: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$")]]
-
-
-@cache
-def jit_dependency_names() -> frozenset[str]:
-    """FlashInfer's JIT closure beyond torch's, by PEP 503 name (the knowledge file)."""
-    doc = read_knowledge("jit_dependencies.yaml")
-    return frozenset(parse_document(doc, _JitDependencies).packages)
 
 
 def jit_package_names(stack: ResolvedStack, lock: Lock | None) -> list[str]:

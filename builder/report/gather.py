@@ -21,7 +21,7 @@ from builder.evidence.reader import read_evidence
 from builder.image.names import HASH_CHARS, REPOSITORY
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
-from builder.verify.compiles import compile_kinds
+from builder.knowledge.runtime_compiles import compile_kinds
 
 
 @dataclass

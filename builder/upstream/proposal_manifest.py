@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
+from builder.knowledge.yamlsafe import load_yaml
 from builder.manifest.resolve import ResolvedStack, deep_merge
-from builder.manifest.yamlsafe import load_yaml
 from builder.upstream.moves import Move
 from builder.upstream.settings import AppliedSettings, apply_settings, settings_lines
 

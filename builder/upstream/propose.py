@@ -31,10 +31,11 @@ from builder.engine.protocol import Engine
 from builder.engine.scratch import owned_mkdtemp
 from builder.errors import StackError
 from builder.files import write_atomic
+from builder.judge.judgement import rules_on_manifest, rules_on_pins
 from builder.lock.lockfile import Lock
 from builder.lock.uv_compile import make_lock
 from builder.lock.writing import write_lock
-from builder.manifest.check import CheckResult, check_stack, violation_error
+from builder.manifest.check import CheckResult, violation_error
 from builder.manifest.resolve import STACK_NAME, ResolvedStack, resolve
 from builder.manifest.rules import Rule, SwitchesRemedy
 from builder.manifest.substitute import Substitutions
@@ -261,12 +262,11 @@ def _settle(
             (scratch / f"{name}.yaml").write_text(now.text)
             try:
                 now.stack = resolve(name, scratch, substitutions)
-                result = check_stack(now.stack)
+                result = rules_on_manifest(now.stack)  # judge's order, the lock made between
                 now.made = None
                 if result.ok and lock:
                     now.made = make_lock(now.stack, engine)
-                    # the rules again, on what the image would install
-                    result = check_stack(now.stack, now.made.python.versions())
+                    result = rules_on_pins(now.stack, now.made.python.versions())
                 if result.ok:
                     return now
                 more, more_settings = _remedies(

@@ -18,11 +18,11 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.engine.mounts import DEFAULT_MODELS as DEFAULT_MODELS  # test --models' default
+from builder.engine.mounts import MODELS_TARGET, models_mount
 from builder.errors import StackError
-from builder.manifest.mounts import DEFAULT_MODELS as DEFAULT_MODELS  # test --models' default
-from builder.manifest.mounts import MODELS_TARGET, models_mount
+from builder.knowledge.yamlsafe import load_yaml
 from builder.manifest.resolve import ResolvedStack
-from builder.manifest.yamlsafe import load_yaml
 
 #: The key that names the model, for messages that point at the manifest.
 MODEL_KEY = ("serve", "model", "id")

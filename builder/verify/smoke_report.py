@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from builder.knowledge.runtime_compiles import compile_kinds
 from builder.verify.chat import Completion
-from builder.verify.compiles import compile_kinds
 from builder.verify.kernel_cache import summary_lines
 
 # --- check names (the reasons a smoke fails) ---------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import requests
 
 from builder.engine.owner import OWNER_LABEL, owner
-from builder.engine.progress import Say, Throttle
+from builder.engine.progress import Say
 from builder.engine.protocol import Container, ContainerSpec, Engine, Mount, PortBinding
 from builder.errors import EngineError
 from builder.manifest.resolve import ResolvedStack
@@ -24,6 +24,7 @@ from builder.verify.chat import Completion, stream_chat
 from builder.verify.compiles import smoke_environment
 from builder.verify.egress import EgressWatch
 from builder.verify.garbage import answer_matches, garbage_reasons
+from builder.verify.health import wait_healthy
 from builder.verify.smoke_judge import DRIVER_CACHE, judge_floor, log_text, rounded
 from builder.verify.smoke_report import (
     CHECK_ANSWER,
@@ -42,8 +43,6 @@ from builder.verify.smoke_report import (
 THROUGHPUT_PROMPT = "Write a short essay about the history of the printing press."
 
 THROUGHPUT_MAX_TOKENS = 128
-
-POLL_S = 1.0
 
 #: After a failed request, how long a container may still read "running" before it counts as
 #: alive: a killed server's requests fail at once, while the engine records its exit a moment
@@ -120,27 +119,32 @@ class Endpoint:
     # -- lifecycle --
 
     def wait_ready(self) -> bool:
-        """Poll /health until 200; a container that exits meanwhile died, it did not time out."""
+        """Poll /health until 2xx (verify/health.py's one rule); a container that exits
+        meanwhile died, it did not time out."""
         timeout = self.stack.manifest.smoke.health_timeout_s
-        began = time.monotonic()
-        waiting = Throttle(self.progress)
-        while time.monotonic() - began < timeout:
-            if waiting.due():
-                waited = time.monotonic() - began
-                waiting.line(
-                    f"smoke: waiting for /health, {waited:.0f} s of {timeout} s; the server last "
-                    f"logged: {self._last_log_line() or '(nothing yet)'}"
-                )
-            if not self._running():
-                self._record_death("during startup")
-                return False
-            if self._healthy():
-                waited = time.monotonic() - began
-                self.report.add(CHECK_READY, True, f"/health 200 after {waited:.1f} s")
-                self.log(f"smoke: server ready after {waited:.1f} s")
-                return True
-            time.sleep(POLL_S)
-        self.report.add(CHECK_READY, False, f"no 200 from /health within {timeout} s")
+
+        def describe(waited: float, last: str) -> str:
+            return (
+                f"smoke: waiting for /health, {waited:.0f} s of {timeout} s; the server last "
+                f"logged: {self._last_log_line() or '(nothing yet)'}"
+            )
+
+        health = wait_healthy(
+            lambda: self._url("/health"),
+            timeout,
+            lambda: None if self._running() else "stopped",
+            self.progress,
+            describe,
+        )
+        if health.stopped is not None:
+            self._record_death("during startup")
+            return False
+        if health.ok:
+            said = f"/health {health.status} after {health.waited_s:.1f} s"
+            self.report.add(CHECK_READY, True, said)
+            self.log(f"smoke: server ready after {health.waited_s:.1f} s")
+            return True
+        self.report.add(CHECK_READY, False, f"no 2xx from /health within {timeout} s")
         return False
 
     def check_alive(self) -> None:
@@ -174,15 +178,6 @@ class Endpoint:
         """What the server logged last (a model loading, a kernel compiling): the health
         wait's lines say it, so a 15-minute start is seen moving or seen stuck."""
         raise NotImplementedError
-
-    def _healthy(self) -> bool:
-        url = self._url("/health")
-        if url is None:
-            return False
-        try:
-            return requests.get(url, timeout=5).status_code == 200
-        except requests.RequestException:
-            return False
 
     # -- requests --
 

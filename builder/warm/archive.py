@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from builder.errors import StackError
-from builder.manifest.cache_volume import CacheVolume
+from builder.knowledge.cache_volume import CacheVolume
 
 READ_BYTES = 1 << 20
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import StackError
-from builder.manifest.cache_integrity import CacheIntegrity, Entry, FileRule, cache_integrity
-from builder.manifest.cache_volume import CacheVolume, cache_volume
+from builder.knowledge.cache_integrity import CacheIntegrity, Entry, FileRule, cache_integrity
+from builder.knowledge.cache_volume import CacheVolume, cache_volume
 from builder.warm.volume import ROOT, VolumeAccess
 
 #: How many leading bytes each format check reads (a JSON file longer than this is not judged).

@@ -14,16 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from functools import cache
 from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
 from builder.engine.hostprobe import HostFacts
-from builder.manifest.knowledge import parse_document, read_knowledge
-from builder.manifest.model import Prose, SafeText
-from builder.manifest.strict import Strict
-from builder.manifest.vllm_argv import last_value
+from builder.knowledge.gpu_products import sm_count
+from builder.knowledge.strict import Strict
+from builder.knowledge.text import SafeText
+from builder.vllmcli.vllm_argv import last_value
 
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 
@@ -63,16 +62,6 @@ class WarmKey(Strict):
         ]
 
 
-class GpuProduct(Strict):
-    match: SafeText
-    sm_count: int = Field(ge=1)
-    source: Prose
-
-
-class GpuProducts(Strict):
-    products: list[GpuProduct]
-
-
 def serve_identity(command: Sequence[str], env: dict[str, str]) -> tuple[str, list[str]]:
     """The serve command and environment's hash, and what it covers."""
     data = {"command": list(command), "env": dict(sorted(env.items()))}
@@ -106,17 +95,6 @@ def gpu_identity(
     names = [g.name for g in chosen]
     capability = chosen[0].capability if chosen else None
     return names, capability, sm_count(names[0]) if names else None
-
-
-def sm_count(product: str) -> int | None:
-    matches = [p for p in _products() if p.match.lower() in product.lower()]
-    return max(matches, key=lambda p: len(p.match)).sm_count if matches else None
-
-
-@cache
-def _products() -> tuple[GpuProduct, ...]:
-    doc = read_knowledge("gpu_products.yaml")
-    return tuple(parse_document(doc, GpuProducts).products)
 
 
 def canonical(data: object) -> bytes:

@@ -1,4 +1,4 @@
-"""Capture, restore and prove a host's warm caches: what `cache capture`, `deploy` and `verify`
+"""Capture, restore and prove a host's warm caches: what `cache capture`, `deploy` and `drift`
 do with a pin's cache volume.
 
 - capture: live/ of the volume (after a served smoke, once warm-up has finished) becomes one
@@ -26,13 +26,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from builder.engine import imageref
 from builder.engine.hostprobe import HostFacts
 from builder.engine.protocol import Engine
 from builder.errors import OperationFailed, StackError
 from builder.evidence.keys import SigningKey
 from builder.evidence.oci import ArtifactStore
 from builder.evidence.trust import TrustPolicy
-from builder.manifest.cache_volume import CacheVolume, cache_volume
+from builder.knowledge.cache_volume import CacheVolume, cache_volume
 from builder.warm import archive, artifact, integrity, ranks, signed
 from builder.warm.key import (
     WarmKey,
@@ -62,7 +63,7 @@ class WarmTarget:
 
     @property
     def image_digest(self) -> str:
-        return self.image.rpartition("@")[2]
+        return imageref.digest_of(self.image)  # a pin names its image by digest
 
 
 @dataclass

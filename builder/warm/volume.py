@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 from builder.engine.owner import owned
 from builder.engine.protocol import Container, ContainerSpec, Engine, Mount
 from builder.errors import EngineError, OperationFailed, StackError
-from builder.manifest.cache_volume import CacheVolume
+from builder.knowledge.cache_volume import CacheVolume
 
 ROOT = "/w"
 STATE = ".sm120-stacks"

@@ -27,7 +27,7 @@ from builder.evidence.oci import ArtifactStore
 from builder.hosts.pins import Pin
 from builder.hosts.remote import connect
 from builder.hosts.warm_target import host_facts, target_of
-from builder.manifest.cache_volume import cache_volume
+from builder.knowledge.cache_volume import cache_volume
 from builder.warm import archive, artifact, signed
 from builder.warm.lifecycle import host_key
 from builder.warm.volume import open_volume

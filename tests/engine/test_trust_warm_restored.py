@@ -22,7 +22,7 @@ from builder.evidence.keys import generate_key_pair
 from builder.hosts.pins import Pin
 from builder.hosts.remote import connect
 from builder.hosts.warm_target import target_of
-from builder.manifest.cache_volume import cache_volume
+from builder.knowledge.cache_volume import cache_volume
 from builder.warm.volume import open_volume
 from tests.engine.test_warm import _kernel, _serve, hosts, served_image
 from tests.support.signed_evidence import attach_evidence

@@ -27,7 +27,7 @@ from builder.hosts.pins import CACHE_ENV, CACHE_TARGET, LABEL_HOST, PIN_SCHEMA, 
 from builder.hosts.remote import connect
 from builder.hosts.warm_target import host_facts, target_of
 from builder.image.registry import Registry
-from builder.manifest.cache_volume import cache_volume
+from builder.knowledge.cache_volume import cache_volume
 from builder.warm import archive, artifact
 from builder.warm.lifecycle import host_key, restore
 from builder.warm.volume import VolumeAccess, open_volume

@@ -15,9 +15,9 @@ from pydantic import Field
 
 from builder.errors import StackError
 from builder.hosts.hostcheck import Finding
-from builder.manifest.knowledge import parse_document, read_knowledge
-from builder.manifest.strict import Strict
-from builder.manifest.yamlsafe import YamlDocument
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.strict import Strict
+from builder.knowledge.yamlsafe import YamlDocument
 
 KNOWLEDGE_FILE = "pcie_p2p.yaml"
 

@@ -1,5 +1,5 @@
 """What a serve asks of its host's GPUs, read from its command line and env: the parallel sizes
-(vLLM's argparse rules, through manifest/vllm_argv), the GPUs its container gets, and whether it
+(vLLM's argparse rules, through vllmcli/vllm_argv), the GPUs its container gets, and whether it
 works around P2P. Bad sizes are StackErrors naming the file, key and line they were written at.
 """
 
@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from builder.errors import StackError
-from builder.manifest.knowledge import locate
-from builder.manifest.vllm_argv import has_flag, last_value
-from builder.manifest.yamlsafe import YamlDocument
+from builder.knowledge.loader import locate
+from builder.knowledge.yamlsafe import YamlDocument
+from builder.vllmcli.vllm_argv import has_flag, last_value
 
 #: vLLM's spellings of the parallel sizes (argparse: the last one given wins; `--flag=N` too).
 TP_FLAGS = ("--tensor-parallel-size", "-tp")
@@ -103,7 +103,7 @@ def serve_of(
 
 
 def _parallel_size(argv: Sequence[str], flags: tuple[str, ...], origin: ArgvOrigin) -> int:
-    """The size vLLM's parser keeps (manifest/vllm_argv: the last given, any spelling it takes)."""
+    """The size vLLM's parser keeps (vllmcli/vllm_argv: the last given, any spelling it takes)."""
     flag = flags[0]
     try:
         found = last_value(argv, flag, flags[1:])

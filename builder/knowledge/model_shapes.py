@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import StackError
-from builder.manifest.knowledge import parse_document, read_knowledge
-from builder.manifest.strict import Strict
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.strict import Strict
 
 MODELS_FILE = "models.yaml"
 

@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, StringConstraints
 
 from builder.errors import StackError
-from builder.manifest.jitmodules import ArgValue, Specifier, jit_modules_known
-from builder.manifest.knowledge import parse_document, read_knowledge
-from builder.manifest.model import GpuName, KvCacheDtype
-from builder.manifest.strict import Strict
+from builder.knowledge.jitmodules import ArgValue, Specifier, jit_modules_known
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.strict import Strict
+from builder.knowledge.text import GpuName, KvCacheDtype
 
 ROUTES_FILE = "attention_routes.yaml"
 BackendName = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9_]+$")]

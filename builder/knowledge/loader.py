@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from builder import REPO_ROOT
 from builder.errors import StackError
-from builder.manifest.yamlsafe import YamlDocument, dotted, load_yaml
+from builder.knowledge.yamlsafe import YamlDocument, dotted, load_yaml
 
 KNOWLEDGE_DIR = REPO_ROOT / "knowledge"
 

@@ -15,8 +15,9 @@ import json
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from builder.manifest.serveflags import ATTENTION_CONFIG_OPTIONS, BACKEND_OPTION, vllm_options
+from builder.vllmcli.serveflags import ATTENTION_CONFIG_OPTIONS, BACKEND_OPTION, vllm_options
 
 #: Every option of vLLM's this project reads, to tell what an abbreviation stands for.
 VLLM_OPTIONS = vllm_options()
@@ -105,31 +106,17 @@ def attention_backend_option(args: Sequence[str]) -> BackendOption | None:
     one, its own `backend` key or not. vLLM refuses to start with both a backend and a config
     that names one, with a value that is missing or another option, and with a config that is
     not a JSON object: so does this (ExtraArgError)."""
+    config: tuple[str | None, int] | None = None  # the backend of the config vLLM runs with
+    found = attention_config_value(args, "backend")
+    if found is not None and isinstance(found[0], str) and found[0].lower() != "auto":
+        config = (found[0], found[1])  # else it names no backend (auto: vLLM picks)
     backend: tuple[str | None, int] | None = None  # the last --attention-backend
-    configs: list[tuple[str | None, int]] = []  # each config's backend, in vLLM's order
-    dotted: dict[str, tuple[str | None, int]] = {}
     for index, arg in enumerate(args):
         parsed = option_of(arg)
-        if parsed is None:
+        if parsed is None or "." in parsed[0] or expand(parsed[0], VLLM_OPTIONS) != BACKEND_OPTION:
             continue
-        name, value = parsed
-        spelled, _, key = name.partition(".")
-        option = expand(spelled, VLLM_OPTIONS)
-        if option not in CONFIG_OPTIONS and (option != BACKEND_OPTION or key):
-            continue
-        value = value_of(args, index, value, option)
-        if key == "backend":
-            dotted[spelled] = (_json_text(value), index)
-        elif key:
-            dotted.setdefault(spelled, (None, index))
-        elif option == BACKEND_OPTION:
-            backend = (None if value == "None" else value, index)  # optional_type(str)
-        else:
-            configs.append((_config_backend(value, index), index))
-    configs += dotted.values()
-    config = configs[-1] if configs else None  # the one vLLM runs with: the last
-    if config is not None and (config[0] is None or config[0].lower() == "auto"):
-        config = None  # names no backend (auto: vLLM picks)
+        value = value_of(args, index, parsed[1], BACKEND_OPTION)
+        backend = (None if value == "None" else value, index)  # optional_type(str)
     chosen = config
     if backend is not None and backend[0] is not None:
         if config is not None:
@@ -188,17 +175,48 @@ def value_of(args: Sequence[str], index: int, value: str | None, option: str) ->
     return value
 
 
-def _json_text(value: str) -> str | None:
+def attention_config_value(args: Sequence[str], key: str) -> tuple[Any, int] | None:
+    """The value vLLM's --attention-config ends up with for key, and the index of the argument
+    that gives it; None where no argument sets an attention config (a value of None: the config
+    vLLM runs with does not set key). The one reader of that option's merge, as vLLM's parser
+    does it (read in 0.22.1 and 0.33.0): each JSON object (`-ac`, `=` or a separate value, any
+    prefix of the option) is stored in order and the last wins; the `--attention-config.KEY
+    VALUE` arguments of one spelling merge into one object passed after all others, so such an
+    object replaces any JSON one, its own KEY or not; a dotted value is JSON where it parses,
+    else text. A value that is missing or another option, and a JSON config that is not an
+    object, are refused as vLLM refuses them (ExtraArgError)."""
+    objects: list[tuple[Any, int]] = []
+    dotted: dict[str, tuple[Any, int]] = {}
+    for index, arg in enumerate(args):
+        parsed = option_of(arg)
+        if parsed is None:
+            continue
+        name, value = parsed
+        spelled, _, sub = name.partition(".")
+        option = expand(spelled, VLLM_OPTIONS)
+        if option not in CONFIG_OPTIONS:
+            continue
+        text = value_of(args, index, value, option)
+        if sub == key:
+            dotted[spelled] = (_json_or_text(text), index)
+        elif sub:
+            dotted.setdefault(spelled, (None, index))
+        else:
+            objects.append((_config_object(text, index).get(key), index))
+    chosen = [*objects, *dotted.values()]
+    return chosen[-1] if chosen else None
+
+
+def _json_or_text(value: str) -> Any:
     """A dotted option's value as vLLM reads it: JSON where it parses, else the text."""
     try:
-        parsed = json.loads(value)
+        return json.loads(value)
     except json.JSONDecodeError:
         return value
-    return parsed if isinstance(parsed, str) else None
 
 
-def _config_backend(value: str, index: int) -> str | None:
-    """The backend an --attention-config JSON object names; None where it names none."""
+def _config_object(value: str, index: int) -> dict[str, Any]:
+    """An --attention-config JSON object; anything else is refused, as vLLM refuses it."""
     try:
         config = json.loads(value)
     except json.JSONDecodeError:
@@ -209,8 +227,7 @@ def _config_backend(value: str, index: int) -> str | None:
             f"{value} is not a JSON object: vLLM's --attention-config refuses it at start",
             """write it as '{"backend": "FLASHINFER"}', or use --attention-backend NAME""",
         )
-    backend = config.get("backend")
-    return backend if isinstance(backend, str) else None
+    return config
 
 
 __all__ = [
@@ -220,6 +237,7 @@ __all__ = [
     "ExtraArgError",
     "OptionValue",
     "attention_backend_option",
+    "attention_config_value",
     "expand",
     "has_flag",
     "last_value",

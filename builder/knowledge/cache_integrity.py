@@ -14,9 +14,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from builder.manifest.knowledge import parse_document, read_knowledge
-from builder.manifest.model import Identifier, Prose, Slug
-from builder.manifest.strict import Strict
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.strict import Strict
+from builder.knowledge.text import Identifier, Prose, Slug
 
 Glob = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.*?\[\]-]+$", max_length=128)]
 FolderGlob = Annotated[

@@ -22,8 +22,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import AfterValidator, Field, StringConstraints
 
 from builder.errors import StackError
-from builder.manifest.knowledge import parse_document, read_knowledge
-from builder.manifest.strict import Strict
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.strict import Strict
 
 #: A generator argument, or a value a family parameter takes: a string "torch.NAME" is that
 #: torch dtype (templates/tools/flashinfer_jit.py generator_arg).

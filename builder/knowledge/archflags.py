@@ -14,8 +14,8 @@ from typing import Literal
 from packaging.version import Version
 from pydantic import Field
 
-from builder.manifest.knowledge import parse_document, read_knowledge
-from builder.manifest.strict import Strict
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.strict import Strict
 
 
 class GpuFamily(Strict):

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from builder.manifest.model import Serve
-
 ServeEngine = str
 #: vLLM's attention backend option, and the attention config whose `backend` key names it too
 #: (vllm/engine/arg_utils.py).
@@ -47,7 +45,9 @@ class ServeFlag:
     #: What to write instead, when the option shows up in serve.extra_args.
     instead: str = ""
 
-    def render(self, serve: Serve) -> list[str]:
+    def render(self, serve: object) -> list[str]:
+        """The option's words for the manifest's `serve:` (any object with its fields: this
+        room sits below the manifest and does not import its schema)."""
         value = getattr(serve, self.field, None)
         if self.words is not None:
             return self.words(self.flag, value)

@@ -13,9 +13,9 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
-from builder.manifest.knowledge import parse_document, read_knowledge
-from builder.manifest.model import Identifier, Prose, SafeText, Slug
-from builder.manifest.strict import Strict
+from builder.knowledge.loader import parse_document, read_knowledge
+from builder.knowledge.strict import Strict
+from builder.knowledge.text import Identifier, Prose, SafeText, Slug
 
 RelPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.*-]+(/[A-Za-z0-9_.*-]+)*$")]
 AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9_./-]+$")]
