@@ -85,8 +85,12 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy builder templates/tools
 
+# The slowest tests with their times in build/test-durations.txt (a WARNING line there when the
+# engine tests' total passes its budget, tests/conftest.py), and every test's time in
+# build/test-junit.xml: `bench/test_time.py build/test-junit.xml` tabulates it by file.
+SLOWEST_TESTS ?= 30
 test: lint typecheck host-registry
-	$(BIN)/pytest -ra tests
+	$(BIN)/pytest -ra --durations=$(SLOWEST_TESTS) --durations-file=build/test-durations.txt --junitxml=build/test-junit.xml tests
 
 test-fast: venv
 	$(BIN)/pytest -ra -m "not engine" tests
