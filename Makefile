@@ -90,8 +90,12 @@ typecheck: venv
 compose-v2:
 	-scripts/compose-v2.sh
 
+# The slowest tests with their times in build/test-durations.txt (a WARNING line there when the
+# engine tests' total passes its budget, tests/conftest.py), and every test's time in
+# build/test-junit.xml: `bench/test_time.py build/test-junit.xml` tabulates it by file.
+SLOWEST_TESTS ?= 30
 test: lint typecheck host-registry compose-v2
-	$(BIN)/pytest -ra tests
+	$(BIN)/pytest -ra --durations=$(SLOWEST_TESTS) --durations-file=build/test-durations.txt --junitxml=build/test-junit.xml tests
 
 test-fast: venv
 	$(BIN)/pytest -ra -m "not engine" tests

@@ -150,7 +150,7 @@ def main() -> None:
     root = scratch_repo()
     stacks_dir = root / "stacks"
     try:
-        real = [n for n in stack_names(REAL) if not n.startswith("ci-mini")]
+        real = [n for n in stack_names(REAL) if not n.startswith("ci-")]
         wall, cpu = timed_both(lambda: [cold(n, stacks_dir) for n in real], args.repeat)
         base, base_cpu = wall / len(real), cpu / len(real)
         print(

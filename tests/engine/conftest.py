@@ -17,7 +17,7 @@ import pytest
 from builder import REPO_ROOT
 from builder.engine.address import from_environment
 from builder.engine.docker_adapter import DockerEngine
-from builder.image.names import local_ref, moving_ref
+from builder.image.names import content_tag, local_ref, moving_ref
 from builder.image.registry import REGISTRY_ENV, Registry
 from builder.manifest.resolve import resolve
 from builder.render.context import render
@@ -77,8 +77,10 @@ def base_image(api: Any) -> str:
 
 
 @pytest.fixture(scope="session")
-def workspace(tmp_path_factory: pytest.TempPathFactory, base_image: str) -> Path:
-    """A repository-shaped scratch folder: stacks/ to add variants to, build/ for outputs."""
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository-shaped scratch folder: stacks/ to add variants to, build/ for outputs. The
+    CUDA base and the local wheels come with the tests that build ci-mini (base_image), not
+    here: the tiny stack's tests need neither."""
     root = tmp_path_factory.mktemp("repo")
     shutil.copytree(REPO_ROOT / "stacks", root / "stacks")
     (root / "patches").symlink_to(REPO_ROOT / "patches")
@@ -143,12 +145,112 @@ def clone_workspace(workspace: Path, root: Path) -> Path:
     return root
 
 
+#: The fixtures that build ci-mini (3.6 GB: torch, FlashInfer, a JIT module) or a variant of it.
+#: A test that asks for one says why with @pytest.mark.needs_ci_mini (its content: the JIT
+#: cache, `transformers serve`, soak, device code, a real server's warm caches); every other
+#: engine test takes the tiny stack (tiny_stack, tiny_pushed, tiny_variant). Checked statically
+#: by tests/test_engine_stack_markers.py and at run time by _ci_mini_needs_its_marker below.
+CI_MINI_FIXTURES = frozenset({"ci_mini", "variant"})
+NEEDS_CI_MINI = "needs_ci_mini"
+#: The tiny stack (stacks/ci-tiny.yaml): FROM the local Debian + Python base, one small package.
+TINY = "ci-tiny"
+
+
+@pytest.fixture(autouse=True)
+def _ci_mini_needs_its_marker(request: pytest.FixtureRequest) -> None:
+    """A test that builds ci-mini without saying it needs ci-mini's content fails at once,
+    before the 3.6 GB build: the tiny stack does for everything else. A test that says it
+    needs ci-mini gets its base image and wheels (base_image) first, whatever it builds."""
+    marked = request.node.get_closest_marker(NEEDS_CI_MINI) is not None
+    if marked:
+        request.getfixturevalue("base_image")
+    elif CI_MINI_FIXTURES & set(request.fixturenames):
+        pytest.fail(
+            f"{request.node.nodeid} uses {sorted(CI_MINI_FIXTURES & set(request.fixturenames))}"
+            f" without @pytest.mark.{NEEDS_CI_MINI}: take tiny_stack/tiny_variant/tiny_pushed"
+            " unless the test needs ci-mini's content (then mark it, saying why)"
+        )
+
+
 @pytest.fixture(scope="session")
-def ci_mini(cli_process: Callable[..., Any], workspace: Path, api: Any) -> dict[str, str]:
+def ci_mini(
+    cli_process: Callable[..., Any], workspace: Path, api: Any, base_image: str
+) -> dict[str, str]:
     """ci-mini built (or found up to date) once per session."""
     cli_process("build", "ci-mini")
     content_hash = render(resolve("ci-mini", workspace / "stacks")).content_hash()
     return {"hash": content_hash, "ref": local_ref("ci-mini", content_hash)}
+
+
+@pytest.fixture(scope="session")
+def local_base(api: Any) -> str:
+    """The small Debian + Python base image (scripts/make-base-local.sh), made when missing."""
+    from docker.errors import ImageNotFound
+
+    try:
+        api.images.get(LOCAL_BASE)
+    except ImageNotFound:
+        subprocess.run([str(REPO_ROOT / "scripts" / "make-base-local.sh")], check=True)
+    return LOCAL_BASE
+
+
+@pytest.fixture(scope="session")
+def tiny_stack(cli_process: Callable[..., Any], workspace: Path, local_base: str) -> dict[str, str]:
+    """ci-tiny built once per session and tested as `test` tests every stack (its static checks;
+    its GPU smoke skips here): read-only for every test. A test that changes, removes or
+    re-tags an image takes tiny_variant."""
+    cli_process("build", TINY)
+    cli_process("test", TINY)
+    content_hash = render(resolve(TINY, workspace / "stacks")).content_hash()
+    return {"hash": content_hash, "ref": local_ref(TINY, content_hash)}
+
+
+@pytest.fixture(scope="session")
+def tiny_signing_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A build key made here (`keys generate`), for the evidence tiny_pushed signs."""
+    from builder.evidence.keys import generate_key_pair
+
+    folder = tmp_path_factory.mktemp("tiny-keys")
+    generate_key_pair(folder, "tiny-build")
+    return folder / "tiny-build.key"
+
+
+@pytest.fixture(scope="session")
+def tiny_pushed(
+    tiny_stack: dict[str, str],
+    workspace: Path,
+    registry: Registry,
+    cli_process: Callable[..., Any],
+    tiny_signing_key: Path,
+    api: Any,
+) -> Iterator[dict[str, str]]:
+    """The tiny stack under this run's own name (so its image, and the evidence that refers to
+    it, are this run's alone: the registry keeps every earlier run's), built, tested and pushed
+    once per session with its evidence signed by tiny_signing_key: its name, hash, local
+    reference and digest reference ("digest_ref")."""
+    name = unique("ci-tiny-pushed")
+    (workspace / "stacks" / f"{name}.yaml").write_text(f"extends: {TINY}\n")
+    cli_process("build", name)
+    cli_process("test", name)
+    pushed = cli_process(
+        "push", name, "--registry", registry.host, "--signing-key", str(tiny_signing_key)
+    )
+    assert "evidence: verdict" in pushed.stderr and "evidence: sbom" in pushed.stderr
+    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+    yield {
+        "name": name,
+        "hash": content_hash,
+        "ref": local_ref(name, content_hash),
+        "digest_ref": pushed.stdout.strip().splitlines()[0],
+    }
+    for ref in (
+        local_ref(name, content_hash),
+        moving_ref(name),
+        registry.ref(content_tag(name, content_hash)),
+        registry.ref(name),
+    ):
+        with contextlib.suppress(Exception):
+            api.images.remove(ref, noprune=False)
 
 
 @pytest.fixture(scope="session")
@@ -166,8 +268,19 @@ def registry() -> Registry:
 
 
 @pytest.fixture
-def variant(workspace: Path, api: Any) -> Iterator[Callable[[str, str], str]]:
+def variant(workspace: Path, api: Any, base_image: str) -> Iterator[Callable[[str, str], str]]:
     """Write stacks/NAME.yaml extending ci-mini; untag its images afterwards."""
+    yield from _variants(workspace, api, "ci-mini")
+
+
+@pytest.fixture
+def tiny_variant(workspace: Path, api: Any, local_base: str) -> Iterator[Callable[[str, str], str]]:
+    """Write stacks/NAME.yaml extending ci-tiny (an image of the test's own, to change, push,
+    remove or re-tag); untag its images afterwards."""
+    yield from _variants(workspace, api, TINY)
+
+
+def _variants(workspace: Path, api: Any, parent: str) -> Iterator[Callable[[str, str], str]]:
     names: list[str] = []
 
     def untag(name: str) -> None:
@@ -178,7 +291,7 @@ def variant(workspace: Path, api: Any) -> Iterator[Callable[[str, str], str]]:
 
     def make(name: str, body: str) -> str:
         name = unique(name)
-        (workspace / "stacks" / f"{name}.yaml").write_text(f"extends: ci-mini\n{body}\n")
+        (workspace / "stacks" / f"{name}.yaml").write_text(f"extends: {parent}\n{body}\n")
         names.append(name)
         untag(name)  # a killed earlier run may have left its tags behind
         return name

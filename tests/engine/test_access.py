@@ -21,7 +21,12 @@ from tests.engine.conftest import unique
 from tests.support.health import wait_healthy
 from tests.support.net import free_port
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.needs_ci_mini(
+        "serves the tiny model with transformers serve behind the key wrapper"
+    ),
+]
 HOST = unique("access-e2e")
 KEY = "sk-access-" + "7" * 24
 

@@ -141,6 +141,7 @@ def _tested_and_pushed(
     return registry.ref(content_tag(name, content_hash)), registry.ref(name)
 
 
+@pytest.mark.needs_ci_mini("a ci-mini pin answers a chat prompt under docker compose")
 def test_compose_runs_a_ci_mini_pin_with_its_named_cache_volume(
     compose: list[str],
     variant: Callable[[str, str], str],

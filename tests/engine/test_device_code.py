@@ -21,7 +21,10 @@ from builder.render.context import VENV
 from builder.verify.device_code import device_code_finding
 from tests.engine.conftest import unique
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.needs_ci_mini("scans ci-mini's real FlashInfer and torch device code"),
+]
 
 FA2 = "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
 SOURCE = r"""

@@ -20,7 +20,10 @@ from tests.engine.test_smoke import failed_names, site_packages, smoke, smoke_st
 
 __all__ = ["smoke_stack"]  # the fixture, imported for the tests below
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.needs_ci_mini("a real transformers server pinned with no network"),
+]
 
 #: Loaded by site (a .pth line) in every Python of the container; acts only in the server, as
 #: a probe at start would: one TCP connect that nothing answers, from a thread the server starts

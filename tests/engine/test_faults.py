@@ -154,14 +154,14 @@ def registry_500() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def blob_stack(workspace: Path, api: Any, ci_mini: dict[str, str]) -> Iterator[tuple[str, str]]:
-    """A stack of the workspace and a stand-in image under its content tag: BLOB_MB of random
-    bytes in one layer, labelled as a build labels it. `push` takes it for the stack's image;
-    a push of it lasts long enough to stop a registry in the middle, where building and
-    pushing the real 3.6 GB image would take minutes."""
-    name = unique("ci-mini-faults")  # another clone's run removes its own by id
+def blob_stack(workspace: Path, api: Any) -> Iterator[tuple[str, str]]:
+    """A stack of the workspace (a variant of the tiny stack) and a stand-in image under its
+    content tag: BLOB_MB of random bytes in one layer, labelled as a build labels it. `push`
+    takes it for the stack's image; a push of it lasts long enough to stop a registry in the
+    middle."""
+    name = unique("tiny-faults")  # another clone's run removes its own by id
     (workspace / "stacks" / f"{name}.yaml").write_text(
-        "extends: ci-mini\nenv: {FAULTS_TEST: '1'}\n"
+        "extends: ci-tiny\nenv: {FAULTS_TEST: '1'}\n"
     )
     content_hash = render(resolve(name, workspace / "stacks")).content_hash()
     dockerfile = (
@@ -295,9 +295,8 @@ def test_the_tool_killed_mid_push_and_at_the_record(
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 512 MB tmpfs: room for a build folder and little else. ci-mini's context holds the
-    192 MB torch wheel, and a new context is written whole beside the old one before it
-    replaces it."""
+    """A 512 MB tmpfs: room for a build folder and little else (a new context is written whole
+    beside the old one before it replaces it)."""
     mount = tmp_path / "small-disk"
     mount.mkdir()
     done = subprocess.run(
@@ -324,21 +323,23 @@ def fill(disk: Path) -> Path:
 
 
 def test_the_disk_filling_during_a_build(
-    variant: Callable[[str, str], str],
+    tiny_variant: Callable[[str, str], str],
     workspace: Path,
     small_disk: Path,
     api: Any,
-    ci_mini: dict[str, str],
+    tiny_stack: dict[str, str],
 ) -> None:
     """Lost: nothing. The build stops at the log line that did not fit (its client stopped),
     with a message naming the log and the full disk; nothing is tagged or recorded. Once space
     is freed the next build goes on from the build cache."""
     from docker.errors import ImageNotFound
 
-    name = variant("ci-mini-disk-full", "env: {DISK_FULL_TEST: '1'}")
+    name = tiny_variant("tiny-disk-full", "env: {DISK_FULL_TEST: '1'}")
     content_hash = render(resolve(name, workspace / "stacks")).content_hash()
     log = small_disk / name / "logs" / f"{content_tag(name, content_hash)}.log"
-    build = start_tool(workspace, "--build-dir", str(small_disk), "build", name)
+    # --no-cache: the tiny stack's cached build is over in a second, before the disk is full;
+    # uncached, its venv and pip steps write the log for seconds more.
+    build = start_tool(workspace, "--build-dir", str(small_disk), "build", name, "--no-cache")
     wait_for(
         lambda: (log.is_file() and log.stat().st_size > 0) or build.poll() is not None,
         300,
@@ -362,16 +363,16 @@ def test_the_disk_filling_during_a_build(
 
 
 def test_two_builds_of_one_stack_at_once(
-    variant: Callable[[str, str], str],
+    tiny_variant: Callable[[str, str], str],
     workspace: Path,
-    ci_mini: dict[str, str],
+    tiny_stack: dict[str, str],
     tmp_path: Path,
 ) -> None:
     """The second waits for the first, saying so and naming it, then finds the image the first
     built: 'up to date', nothing built twice, no context swapped under a running build. (A
-    cached ci-mini variant builds in seconds, so the first is held inside its lock, at the
+    cached tiny-stack variant builds in seconds, so the first is held inside its lock, at the
     moment it keeps an earlier log, until the second has said it waits.)"""
-    name = variant("ci-mini-twice", "env: {TWICE_TEST: '1'}")
+    name = tiny_variant("tiny-twice", "env: {TWICE_TEST: '1'}")
     content_hash = render(resolve(name, workspace / "stacks")).content_hash()
     ref = local_ref(name, content_hash)
     logs = workspace / "build" / name / "logs"

@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.needs_ci_mini("ci-mini's precompiled FlashInfer module"),
+]
 
 TOOL = "/opt/sm120-stacks/tools/flashinfer_jit.py"
 

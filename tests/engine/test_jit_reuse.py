@@ -18,7 +18,10 @@ from builder.image.names import content_tag, local_ref
 from builder.manifest.resolve import resolve
 from builder.render.context import render, template_context
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.needs_ci_mini("ci-mini's compiled FlashInfer modules reused by a child"),
+]
 
 TOOL = "/opt/sm120-stacks/tools/flashinfer_jit.py"
 #: The compile step's header in BuildKit's plain log: "#12 [jit-cache 3/3] RUN --mount=...".

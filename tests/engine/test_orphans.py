@@ -47,7 +47,7 @@ def live_pid() -> Iterator[int]:
 
 
 @pytest.fixture
-def containers(api: Any, base_image: str) -> Iterator[Any]:
+def containers(api: Any, local_base: str) -> Iterator[Any]:
     """make(case, owner, running): a container of `case` with that owner label; all removed
     at the end by name, whatever the test did to them."""
     made: list[str] = []
@@ -58,7 +58,7 @@ def containers(api: Any, base_image: str) -> Iterator[Any]:
         with contextlib.suppress(Exception):
             api.containers.get(name).remove(force=True)
         container = api.containers.run(
-            base_image,
+            local_base,
             ["sleep", "infinity"] if running else ["true"],
             name=name,
             labels={"sm120-stacks.smoke": "ci-mini", OWNER_LABEL: owner},
@@ -113,7 +113,7 @@ def test_an_exited_container_of_a_dead_run_is_removed_and_no_other(
 def test_the_next_smoke_removes_what_a_dead_run_left(
     api: Any,
     engine: DockerEngine,
-    base_image: str,
+    local_base: str,
     containers: Any,
     live_pid: int,
     workspace: Path,
@@ -127,7 +127,7 @@ def test_the_next_smoke_removes_what_a_dead_run_left(
     said: list[str] = []
     report = run_smoke(
         engine,
-        base_image,
+        local_base,
         resolve("ci-mini", workspace / "stacks"),
         mounts={},
         gpu=True,

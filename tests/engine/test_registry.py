@@ -1,8 +1,12 @@
-"""Push, remove, pull-or-build against a real local registry; errors from the stream."""
+"""Push, remove, pull-or-build against a real local registry; errors from the stream. The image
+is a variant of the tiny stack of each test's own (a test removes its tags): the subject is the
+registry, not what the image holds."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,45 +14,67 @@ import pytest
 from builder.engine.address import from_environment
 from builder.engine.docker_adapter import DockerEngine
 from builder.errors import StackError, ToolMissing
-from builder.image.names import content_tag, moving_ref
+from builder.image.names import content_tag, local_ref, moving_ref
 from builder.image.registry import Registry, has_image, push, repo_digest
+from builder.manifest.resolve import resolve
+from builder.render.context import render
 
 pytestmark = pytest.mark.engine
 
 
+@pytest.fixture
+def built(
+    tiny_variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    registry: Registry,
+    api: Any,
+) -> Iterator[dict[str, str]]:
+    """A tiny-stack variant built, not tested: its name, content hash and local reference; the
+    registry's tags of it that a push or pull left here removed afterwards."""
+    name = tiny_variant("registry-test", "env:\n  REGISTRY_TEST: '1'")
+    cli_process("build", name)
+    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+    yield {"name": name, "hash": content_hash, "ref": local_ref(name, content_hash)}
+    for ref in (registry.ref(content_tag(name, content_hash)), registry.ref(name)):
+        with contextlib.suppress(Exception):
+            api.images.remove(ref, noprune=False)
+
+
 def test_push_refuses_untested_image_without_force(
-    ci_mini: dict[str, str], registry: Registry, cli_process: Callable[..., Any]
+    built: dict[str, str], registry: Registry, cli_process: Callable[..., Any]
 ) -> None:
-    result = cli_process("push", "ci-mini", "--registry", registry.host, check=False)
+    result = cli_process("push", built["name"], "--registry", registry.host, check=False)
     assert result.returncode == 2
     assert "refusing to push an untested image" in result.stderr
 
 
 def test_push_remove_then_pull_or_build_pulls_without_building(
-    ci_mini: dict[str, str],
+    built: dict[str, str],
     registry: Registry,
     cli_process: Callable[..., Any],
     api: Any,
     engine: DockerEngine,
 ) -> None:
-    pushed = cli_process("push", "ci-mini", "--registry", registry.host, "--force")
+    name = built["name"]
+    pushed = cli_process("push", name, "--registry", registry.host, "--force")
     digest_ref = pushed.stdout.strip()
     assert digest_ref.startswith(f"{registry.repository}@sha256:")
-    assert has_image(engine, registry, "ci-mini", ci_mini["hash"])
+    assert has_image(engine, registry, name, built["hash"])
     # The moving tag reached the registry too, as the same image.
-    moving = api.api.inspect_distribution(registry.ref("ci-mini"))
+    moving = api.api.inspect_distribution(registry.ref(name))
     assert f"{registry.repository}@{moving['Descriptor']['digest']}" == digest_ref
-    image_id = api.images.get(ci_mini["ref"]).id
+    image_id = api.images.get(built["ref"]).id
     for ref in [
-        ci_mini["ref"],
-        moving_ref("ci-mini"),
-        registry.ref(content_tag("ci-mini", ci_mini["hash"])),
-        registry.ref("ci-mini"),
+        built["ref"],
+        moving_ref(name),
+        registry.ref(content_tag(name, built["hash"])),
+        registry.ref(name),
     ]:
         api.images.remove(ref)
-    result = cli_process("build", "ci-mini", "--pull-or-build", "--registry", registry.host)
+    result = cli_process("build", name, "--pull-or-build", "--registry", registry.host)
     assert "pulled" in result.stdout and "building" not in result.stdout
-    pulled = engine.image(ci_mini["ref"])
+    pulled = engine.image(built["ref"])
     assert pulled is not None and pulled.id == image_id
     assert repo_digest(pulled, registry) == digest_ref
 
@@ -59,12 +85,10 @@ def test_pull_of_an_unknown_content_hash_fails_clearly(
     assert not has_image(engine, registry, "ci-mini", "0" * 64)
 
 
-def test_unreachable_registry_is_a_clear_error(
-    ci_mini: dict[str, str], engine: DockerEngine
-) -> None:
+def test_unreachable_registry_is_a_clear_error(built: dict[str, str], engine: DockerEngine) -> None:
     nowhere = Registry.parse("127.0.0.1:5999")
     with pytest.raises(ToolMissing, match="registry 127.0.0.1:5999 is unreachable"):
-        push(engine, nowhere, ci_mini["ref"], "ci-mini", ci_mini["hash"])
+        push(engine, nowhere, built["ref"], built["name"], built["hash"])
 
 
 @pytest.mark.parametrize("bad", ["http://x", "host:port", "host/UPPER", "a/../b", "-x"])

@@ -16,7 +16,10 @@ from builder.image.registry import Registry
 from tests.conftest import REQUIRE_ENGINE
 from tests.support import chromium
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.needs_ci_mini("a real smoke and soak of transformers serve"),
+]
 
 PAGE_FACTS = """JSON.stringify({
   verdict: document.querySelector('#verdict').innerText,

@@ -42,7 +42,7 @@ from tests.engine.conftest import RIGHT
 #: This run's smoke containers only: another clone's run on the same engine has its own.
 SMOKE_LABEL = {"label": ["sm120-stacks.smoke", f"{OWNER_LABEL}={owner()}"]}
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.needs_ci_mini("the smoke against transformers serve")]
 
 MODEL_PATH = "/models/tiny"
 #: Short enough that a dead server mistaken for a slow one would show in the test's duration.

@@ -24,7 +24,7 @@ from builder.verify.soak_load import USER_AGENT
 from builder.verify.soak_verdict import CHECK_ERRORS, CHECK_MEMORY, CHECK_STALL
 from tests.engine.test_smoke import HEALTH_TIMEOUT_S, MODEL_PATH, failed_names, site_packages
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.needs_ci_mini("soaks transformers serve")]
 
 #: Long enough for the tiny model to go through every prompt length many times on 2 cores.
 PASS_SECONDS = 12

@@ -45,15 +45,16 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRegistry]:
 
 @pytest.fixture(scope="module")
 def pushed(
-    tls: TlsRegistry, cli_process: Callable[..., Any], workspace: Path, api: Any
+    tls: TlsRegistry, cli_process: Callable[..., Any], workspace: Path, api: Any, local_base: str
 ) -> Iterator[str]:
-    """TLS_CPU built, recorded as tested, pushed with its evidence to the TLS registry."""
+    """TLS_CPU (a variant of the tiny stack: the subject is the registry, not the image's
+    content) built, recorded as tested, pushed with its evidence to the TLS registry."""
 
     def run(*args: str, check: bool = True) -> Any:
         return cli_process(*args, check=check, env=tls.env())
 
     def write_variant(name: str, body: str) -> str:
-        (workspace / "stacks" / f"{name}.yaml").write_text(f"extends: ci-mini\n{body}\n")
+        (workspace / "stacks" / f"{name}.yaml").write_text(f"extends: ci-tiny\n{body}\n")
         return name
 
     yield _pushed_with_evidence(
@@ -110,7 +111,7 @@ def test_a_push_whose_evidence_failed_is_not_recorded_and_moves_no_tag(
     """The engine pushes to a loopback registry without checking its certificate (dockerd's
     default insecure range); the evidence does not: the image goes up, the evidence fails."""
     (workspace / "stacks" / f"{TLS_HALF}.yaml").write_text(
-        "extends: ci-mini\nenv:\n  TLS_HALF: '1'\n"
+        "extends: ci-tiny\nenv:\n  TLS_HALF: '1'\n"
     )
     cli_process("build", TLS_HALF)
     content_hash = _hash(workspace, TLS_HALF)

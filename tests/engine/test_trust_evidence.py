@@ -302,7 +302,7 @@ EV_SIGNED = unique("ev-signed")
 
 
 def test_push_signs_and_pin_from_another_folder_relies_on_it_then_refuses_a_forgery(
-    variant: Any,
+    tiny_variant: Any,
     cli_process: Any,
     workspace: Path,
     registry: Registry,
@@ -312,12 +312,13 @@ def test_push_signs_and_pin_from_another_folder_relies_on_it_then_refuses_a_forg
 ) -> None:
     """The commands themselves: push with the build key named by SM120_STACKS_SIGNING_KEY,
     pin under trust.yaml from a build folder with no records (the pin records the key id),
-    then an attacker's self-consistent unsigned verdict makes pin exit 2, nothing pinned."""
+    then an attacker's self-consistent unsigned verdict makes pin exit 2, nothing pinned. A
+    variant of the tiny stack: the subject is the signature, not the image's content."""
     from builder.image.records import load_record, save_record
     from builder.manifest.resolve import resolve
     from builder.render.context import render
 
-    name = variant(EV_SIGNED, "env:\n  EVIDENCE_TEST: 'signed'")
+    name = tiny_variant(EV_SIGNED, "env:\n  EVIDENCE_TEST: 'signed'")
     cli_process("build", name)
     content_hash = render(resolve(name, workspace / "stacks")).content_hash()
     record = load_record(workspace / "build", name, content_hash)

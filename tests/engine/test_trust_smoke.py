@@ -40,7 +40,10 @@ from tests.engine.conftest import clone_workspace, unique
 from tests.support.health import wait_healthy
 from tests.support.net import free_port
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.needs_ci_mini("a served verdict from a real smoke of transformers serve"),
+]
 
 NAME = unique("trust-smoke")
 SERVED = "https://sm120-stacks.dev/verdict/v1"

@@ -25,7 +25,10 @@ from builder.manifest.resolve import resolve
 from builder.render.context import render
 from tests.engine.conftest import unique
 
-pytestmark = pytest.mark.engine
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.needs_ci_mini("two clones build and smoke transformers serve at once"),
+]
 
 STACK = unique("two-folders")
 
