@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from securesystemslib.dsse import Envelope as SslibEnvelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
@@ -24,7 +25,9 @@ from securesystemslib.signer import SSlibKey
 from builder.errors import StackError
 from builder.evidence import signing
 from builder.evidence.keys import (
+    fingerprint,
     generate_key_pair,
+    key_id_of,
     load_public_key,
     load_signing_key,
     signing_key_path,
@@ -216,7 +219,8 @@ def test_vouch_refuses_with_the_document_key_id_and_reason(keyring: Path) -> Non
     unsigned["signatures"] = []
     assert "unsigned [no key]" in _refusal(keyring, json.dumps(unsigned).encode())
     refused = _refusal(keyring, _envelope(keys / "stranger.key"))
-    assert f"unknown key (not in the trust policy) [key {stranger[:16]}]" in refused
+    assert f"unknown key (not in the trust policy) [key {stranger[:16]}, fingerprint " in refused
+    assert fingerprint(stranger) in refused  # ssh-style, to compare with the key's owner
     on_rtx = _refusal(keyring, _envelope(keys / "ops-h200.key"), gpu_kind=RTX)
     assert f"key not trusted for served on {RTX} [key {ops[:16]} (ops-h200)]" in on_rtx
     as_build = _refusal(keyring, _envelope(keys / "ops-h200.key"), purpose="build")
@@ -284,3 +288,24 @@ def test_a_bad_signing_key_is_refused_before_anything_moves(
         assert result.exit_code == 2, result.output
         assert says in result.output
         assert pasted.splitlines()[1] not in result.output
+
+
+def test_a_key_published_beside_a_document_is_a_candidate_never_a_trust() -> None:
+    """published_key reads only a P-256 PEM (anything else: None), and the fingerprint is
+    ssh's form of the key id (SHA256: and unpadded base64 of the same sha256)."""
+    from builder.evidence.keys import published_key
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    pem = private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    key = published_key(pem.decode(), "annotation")
+    assert key is not None and key.key_id == key_id_of(private.public_key())
+    assert published_key("not a key", "annotation") is None
+    assert published_key("x" * 20_000, "annotation") is None
+    other = ec.generate_private_key(ec.SECP384R1()).public_key()
+    p384 = other.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    assert published_key(p384.decode(), "annotation") is None
+    assert fingerprint("00" * 32) == "SHA256:" + "A" * 43

@@ -9,6 +9,7 @@ import click
 from builder.cli.app import Settings, cli, pass_settings, registry_option, user_errors
 from builder.engine import imageref
 from builder.errors import StackError
+from builder.evidence.keys import fingerprint
 from builder.evidence.reader import Evidence, read_evidence
 from builder.image.registry import Registry
 
@@ -102,7 +103,12 @@ def evidence_cmd(settings: Settings, image: str, registry: str | None, as_json: 
             f"{commit}, engine {definition['internalParameters']['engine']}"
         )
     if trust is None:
-        click.echo("  signatures: not checked (no trust.yaml in the hosts folder)")
+        keys = ", ".join(f"{k[:16]} ({fingerprint(k)})" for k in evidence.signed_by) or "none"
+        click.echo(
+            f"  signed by: {keys}: each signature checked against the key published beside "
+            "it; no trust.yaml in the hosts folder says whose word counts (pin trusts the "
+            "build key on first use)"
+        )
     else:
         names = [f"{trust.name_of(k) or 'key'} ({k[:16]})" for k in evidence.signed_by]
         click.echo(f"  signed by: {', '.join(names)} (trusted by {trust.path})")

@@ -7,6 +7,7 @@ The commands themselves are `deploy` and `drift` (builder.cli.hosts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from rich.table import Table
 from builder.cli.app import Settings, out
 from builder.engine import imageref
 from builder.engine.hostprobe import gather
+from builder.engine.protocol import Engine
 from builder.errors import EXIT_BAD_INPUT, StackError, engine_check
 from builder.evidence.trust import TrustPolicy
 from builder.hosts import remote
@@ -40,8 +42,8 @@ from builder.hosts.fleet import (
     warm_gate,
 )
 from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
-from builder.hosts.trustdrift import trust_drifts
-from builder.hosts.warm_target import WarmPolicy, proof_of, restorer, warm_summary
+from builder.hosts.trustdrift import evidence_drifts, trust_drifts
+from builder.hosts.warm_target import WarmPolicy, proof_of, restorer, target_of, warm_summary
 from builder.manifest.resolve import ResolvedStack
 
 EXIT_FAILED = 1
@@ -62,10 +64,31 @@ def one_report(pin: Pin, default: str | None, trust: TrustPolicy | None = None) 
     its prerequisites read on that host; its evidence's keys against the trust policy."""
     engine, why = remote.try_connect(pin, default)
     report = verify_host(pin, engine, why, gather(engine, why, remote.probe(pin, default)))
-    report.drifts += trust_drifts(pin, trust)
+    keys = trust_drifts(pin, trust)
+    revoked = any(drift.name == "revoked" for drift in keys)  # said once, not twice
+    refused = keys if revoked else evidence_drifts(pin, trust)
+    report.drifts += keys + ([] if revoked else refused)
     if engine is not None and "state" not in {d.name for d in report.drifts}:
-        report.warm = warm_summary(pin, engine)
+        report.warm = _unread_warm(pin, engine, trust, bool(refused)) or warm_summary(pin, engine)
     return report
+
+
+def _unread_warm(pin: Pin, engine: Engine, trust: TrustPolicy | None, refused: bool) -> str | None:
+    """Why the cache volume is not read, where it must not be (issue 43): reading it runs a
+    helper container of the pinned image, so not for an image the policy refuses or that no
+    policy verified; and not where no container mounts the volume (drift creates nothing,
+    and the engine makes a named volume a container asks for)."""
+    if trust is None:
+        return (
+            "unknown (no trust.yaml: the pinned image's evidence is not verified here, so none "
+            "of its code runs to read the cache volume)"
+        )
+    if refused:
+        return "unknown (its evidence fails the trust policy: none of its code runs here)"
+    target = target_of(pin)
+    if target is not None and not engine.containers(volume=target.volume):
+        return f"unknown (no container mounts {target.volume}: nothing read, nothing created)"
+    return None
 
 
 def drift_pins(
@@ -139,8 +162,10 @@ def deploy_pins(
     if not apply_now:
         return
     say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
-    for line in vouch_for_deploy(pins, warm.trust, hosts_dir):  # before any host is touched
+    lines, trust = vouch_for_deploy(pins, hosts_dir)  # before any host is touched
+    for line in lines:
         say(line)
+    warm = dataclasses.replace(warm, trust=trust)  # a policy learned on first use counts too
     default = settings.engine_address()
 
     def url(pin: Pin) -> str:

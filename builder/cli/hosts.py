@@ -166,9 +166,10 @@ def pin(
     content_hash = settings.render_locked(locked).content_hash()
     record = load_record(settings.build_dir, stack, content_hash)
     repository = Registry.parse(registry).repository if registry else None
-    trust = host_policy(hosts_folder(settings, hosts_dir))  # a bad policy: refused before all
+    folder = hosts_folder(settings, hosts_dir)
+    host_policy(folder)  # a bad policy: refused before anything is read
     record, evidence_keys, unsigned = _relied_on(
-        registry, stack, content_hash, record, trust, allow_unsigned
+        registry, stack, content_hash, record, folder, allow_unsigned
     )
     repository = _chosen(repository, record)
     if gpu_kind is None and resolved.manifest.smoke.needs_gpu:
@@ -208,7 +209,7 @@ def _relied_on(
     stack: str,
     content_hash: str,
     record: Record,
-    trust: TrustPolicy | None,
+    folder: Path,
     allow_unsigned: bool,
 ) -> tuple[Record, tuple[str, ...], bool]:
     """The record pin relies on: this build folder's where it says tested and pushed, else
@@ -216,7 +217,7 @@ def _relied_on(
     and whether unsigned documents were allowed)."""
     if record.tests == "passed" and record.pushed:
         return record, (), False
-    return _record_from_registry(registry, stack, content_hash, record, trust, allow_unsigned)
+    return _record_from_registry(registry, stack, content_hash, record, folder, allow_unsigned)
 
 
 def _chosen(repository: str | None, record: Record) -> str | None:
@@ -247,26 +248,29 @@ def _record_from_registry(
     stack: str,
     content_hash: str,
     local: Record,
-    trust: TrustPolicy | None = None,
+    folder: Path,
     allow_unsigned: bool = False,
 ) -> tuple[Record, tuple[str, ...], bool]:
     """What the registry's evidence says of the image, where this build folder knows less,
-    under the hosts' trust policy; the key ids it was signed with, and whether a document was
-    relied on unsigned (--allow-unsigned)."""
+    under the hosts' trust policy (or trusted on first use: evidence/decision.py); the key ids
+    it was signed with, and whether a document was relied on unsigned (--allow-unsigned)."""
     from builder.cli.evidence import print_verdicts
-    from builder.evidence.reader import has_image, read_evidence
+    from builder.evidence.decision import relied_evidence
+    from builder.evidence.reader import has_image
 
     if registry is None:
         return local, (), False  # make_pin says what is missing, and how to get it
     source = Registry.parse(registry)
     if not has_image(source, stack, content_hash):
         return local, (), False  # not in that registry either: make_pin says what is missing
-    evidence = read_evidence(
-        source, stack, content_hash, trust=trust, allow_unsigned=allow_unsigned
+    relied = relied_evidence(
+        folder, source, stack, content_hash, allow_unsigned=allow_unsigned, tool="pin"
     )
+    evidence = relied.evidence
     print_verdicts(evidence)
+    say_trust(relied.said)
     if evidence.signed_by:
-        click.echo(f"  signed by: {', '.join(_key_names(trust, evidence.signed_by))}")
+        click.echo(f"  signed by: {', '.join(_key_names(relied.policy, evidence.signed_by))}")
     if evidence.unsigned:
         click.echo(
             f"warning: relied on {len(evidence.unsigned)} unsigned documents (--allow-unsigned, "
@@ -274,6 +278,12 @@ def _record_from_registry(
             err=True,
         )
     return evidence.record(), tuple(evidence.signed_by), bool(evidence.unsigned)
+
+
+def say_trust(lines: list[str]) -> None:
+    """What a first use trusted (or that nothing was), on stderr where warnings go."""
+    for line in lines:
+        click.echo(line, err=True)
 
 
 def _key_names(trust: TrustPolicy | None, key_ids: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ from builder.cli.keys import allow_unsigned_option, read_signing_key, signing_ke
 from builder.engine.progress import LayerProgress
 from builder.engine.protocol import Engine
 from builder.errors import StackError
+from builder.evidence.keys import fingerprint
 from builder.image.build import BuildOptions, BuildOutcome
 from builder.image.buildclient import client_memo
 from builder.image.cabundle import resolve_ca_bundle
@@ -212,6 +213,17 @@ def push(
     for artifact in published.artifacts:
         kind = artifact.annotation("dev.sm120-stacks.kind")
         click.echo(f"evidence: {kind} {artifact.digest}", err=True)
+    if signer is not None:
+        click.echo(
+            f"signed by key {signer.key_id} (fingerprint {fingerprint(signer.key_id)}); its "
+            "public key is published beside each document for hosts to trust on first use",
+            err=True,
+        )
+    else:
+        click.echo(
+            "unsigned: hosts refuse it unless --allow-unsigned (push --signing-key FILE)",
+            err=True,
+        )
 
 
 @cli.command()
@@ -244,13 +256,13 @@ def _pull(
     verdicts on stdout."""
     from builder.cli.evidence import print_verdicts
     from builder.evidence.pull import pull_with_evidence
-    from builder.evidence.trust import host_policy
 
-    trust = host_policy(settings.hosts_dir)
     layers = layer_lines("pull", source.ref(content_tag(rendered.stack, rendered.content_hash())))
     pulled = pull_with_evidence(
-        rendered, settings.build_dir, engine, source, layers, trust, allow_unsigned
+        rendered, settings.build_dir, engine, source, layers, settings.hosts_dir, allow_unsigned
     )
     layers.finish()
+    for line in pulled.said:
+        click.echo(line, err=True)
     click.echo(said.format(ref=pulled.ref))
     print_verdicts(pulled.evidence)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from builder.cli.keys import read_signing_key, signing_key_option
 from builder.engine.mounts import SYNTAX, parse_mount
 from builder.engine.progress import Say
 from builder.engine.protocol import Engine
-from builder.errors import StackError
+from builder.errors import EngineError, OperationFailed, StackError
 from builder.evidence.keys import SigningKey
 from builder.image.cabundle import resolve_ca_bundle
 from builder.manifest.checkpoint import check_checkpoint
@@ -323,6 +324,12 @@ def _smoke_runner(
     help="With --record: the server's GPU as nvidia-smi names it (default: read here, where "
     "the server is local).",
 )
+@click.option(
+    "--image",
+    metavar="REPO@sha256:DIGEST",
+    help="With --record: the image the server runs (required for a server this machine's "
+    "engine does not run; default: read from the local container publishing the URL's port).",
+)
 @signing_key_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @pass_settings
@@ -341,6 +348,7 @@ def smoke_command(
     record: bool,
     registry: str | None,
     gpu_kind: str | None,
+    image: str | None,
     signing_key: str | None,
     as_json: bool,
 ) -> None:
@@ -383,16 +391,25 @@ def smoke_command(
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
     if record:
-        _record_served(settings, resolved, result.to_json(), registry, gpu_kind, signer)
+        served = _Served(url, image, gpu_kind)
+        _record_served(settings, resolved, result.to_json(), registry, served, signer)
     if not result.passed:
         raise SystemExit(1)
+
+
+def _engine_or_none(settings: Settings) -> Engine | None:
+    """This machine's engine where it answers (a local server's container is read there)."""
+    try:
+        return settings.connect()
+    except (EngineError, StackError, OperationFailed):
+        return None
 
 
 def _refuse_record_options(record: bool) -> None:
     """smoke --url's --registry and --gpu-kind say where --record adds the verdict: written
     on the command line without it, they are refused."""
     ctx = click.get_current_context()
-    for name in ("registry", "gpu_kind"):
+    for name in ("registry", "gpu_kind", "image"):
         if not record and given_here(ctx, name):
             option = "--" + name.replace("_", "-")
             raise StackError(
@@ -409,26 +426,52 @@ def _parse_registry(registry: str | None) -> None:
     Registry.parse(registry)
 
 
+@dataclass(frozen=True)
+class _Served:
+    """The server smoked: its URL, the image named for it (--image), its GPU kind."""
+
+    url: str
+    image: str | None
+    gpu_kind: str | None
+
+
 def _record_served(
     settings: Settings,
     stack: ResolvedStack,
     report: dict[str, Any],
     registry: str | None,
-    gpu_kind: str | None,
+    served: _Served,
     signer: SigningKey | None = None,
 ) -> None:
-    """The smoke's served verdict, added to the evidence of the stack's current image, signed
-    by signer (the operator's key) where given."""
+    """The smoke's served verdict, added to the evidence of the image the server runs
+    (cli/served_image.py), signed by signer (the operator's key) where given; the evidence it
+    extends is read first, checked (signatures against the hosts' policy, or the keys
+    published beside them)."""
+    from builder.cli.served_image import served_digest
     from builder.engine.hostprobe import gather
     from builder.evidence.attach import attach_served
     from builder.evidence.reader import read_evidence
+    from builder.evidence.trust import host_policy
     from builder.image.records import load_record, save_record
     from builder.image.registry import Registry
     from builder.verify.served import served_verdict
 
     content_hash = settings.render(stack).content_hash()
     target = Registry.parse(registry)
-    evidence = read_evidence(target, stack.name, content_hash)  # the image must have its own
+    gpu_kind = served.gpu_kind
+    tagged = read_evidence(target, stack.name, content_hash, trust=host_policy(settings.hosts_dir))
+    digest = served_digest(
+        served.url, served.image, target, _engine_or_none(settings), tagged.digest
+    )
+    evidence = tagged
+    if digest != tagged.digest:  # the image the server runs must have its own, of this content
+        evidence = read_evidence(
+            target,
+            stack.name,
+            content_hash,
+            reference=digest,
+            trust=host_policy(settings.hosts_dir),
+        )
     facts = gather(None, None) if stack.manifest.smoke.needs_gpu and gpu_kind is None else None
     if stack.manifest.smoke.needs_gpu and gpu_kind is None and not (facts and facts.gpus):
         raise StackError(

@@ -16,7 +16,8 @@ from builder.cli.keys import read_signing_key, signing_key_option
 from builder.engine.protocol import Engine
 from builder.hosts import remote
 from builder.hosts.pins import Pin, load_pin
-from builder.hosts.warm_target import candidates, capture_pin, require_target
+from builder.hosts.trustdrift import refuse_ungated
+from builder.hosts.warm_target import Candidate, candidates, capture_pin, require_target
 from builder.warm.lifecycle import prove as prove_start
 
 EXIT_COMPILED = 1
@@ -31,6 +32,7 @@ def cache_group() -> None:
 def _pinned(settings: Settings, host: str) -> tuple[Pin, Engine]:
     """HOST's pin (from the global --hosts-dir) and its engine."""
     pin = load_pin(settings.hosts_dir, host)
+    refuse_ungated(pin, settings.hosts_dir)  # no code of an image the policy refuses runs
     return pin, remote.connect(pin, settings.engine_address())
 
 
@@ -63,14 +65,16 @@ def list_caches(settings: Settings, host: str, as_json: bool) -> None:
     host's own (the one `deploy --apply` would restore is marked `match`)."""
     pin, engine = _pinned(settings, host)
     key, found = candidates(pin, engine, settings.engine_address())
+    refused = _refused_by_policy(settings, pin, found)
     if as_json:
         rows = [
             {
                 "artifact": c.found.descriptor.digest,
                 "captured_on": c.found.captured_on,
                 "created": c.found.created,
-                "match": c.match,
+                "match": c.match and c.found.descriptor.digest not in refused,
                 "signed": c.found.envelope is not None,
+                "refused": refused.get(c.found.descriptor.digest),
                 "differences": c.differences,
             }
             for c in found
@@ -82,11 +86,32 @@ def list_caches(settings: Settings, host: str, as_json: bool) -> None:
         click.echo("no warm-cache artifact for this image yet (`sm120-stacks cache capture HOST`)")
     for c in found:
         state = "match" if c.match else f"differs in {len(c.differences)}"
+        why = refused.get(c.found.descriptor.digest)
+        if why is not None:  # deploy --apply would not restore it, match or not
+            state = f"refused by the trust policy ({why})" + ("" if c.match else f"; {state}")
         signed = "signed" if c.found.envelope is not None else "unsigned"
         where = f"from {c.found.captured_on} at {c.found.created}, {signed}"
         click.echo(f"{c.found.descriptor.digest[:19]} {where}: {state}")
         for line in c.differences:
             click.echo(f"  {line}")
+
+
+def _refused_by_policy(settings: Settings, pin: Pin, found: list[Candidate]) -> dict[str, str]:
+    """Artifact digest -> why the hosts' policy refuses it (what deploy --apply says)."""
+    from builder.evidence.oci import ArtifactStore
+    from builder.evidence.trust import host_policy
+    from builder.warm.signed import vouched
+
+    policy = host_policy(settings.hosts_dir)
+    if policy is None or not found:
+        return {}
+    store = ArtifactStore.of_image(pin.image)
+    refused: dict[str, str] = {}
+    for candidate in found:
+        _, lines = vouched(store, [candidate.found], policy)
+        if lines:
+            refused[candidate.found.descriptor.digest] = lines[0].split(": ", 1)[-1]
+    return refused
 
 
 @cache_group.command("prove")

@@ -21,13 +21,14 @@ from builder.evidence.documents import (
     KIND_ANNOTATION,
     PROVENANCE_TYPE,
     SBOM_TYPE,
+    SIGNER_KEY_ANNOTATION,
     SUBJECT_ANNOTATION,
     VERDICT_TYPE,
     ImageContents,
     ProvenanceInputs,
     SbomInputs,
 )
-from builder.evidence.keys import SigningKey
+from builder.evidence.keys import SigningKey, public_pem
 from builder.evidence.oci import ArtifactStore, Descriptor
 from builder.evidence.signing import ENVELOPE_MEDIA_TYPE, seal
 from builder.image.names import local_ref
@@ -122,6 +123,7 @@ def attach_evidence(
             TRANSPORT_ANNOTATION: store.transport,
         }
         layer_type, body = _signed(kind, media_type, payload, registry, digest, signer)
+        annotations.update(_signer_annotation(signer))
         pushed.append(store.attach(subject, media_type, layer_type, body, annotations))
     return pushed
 
@@ -225,7 +227,16 @@ def attach_served(
     layer_type, body = _signed(
         "verdict", VERDICT_TYPE, documents.canonical(document), registry, digest, signer
     )
+    annotations.update(_signer_annotation(signer))
     return store.attach(subject, VERDICT_TYPE, layer_type, body, annotations)
+
+
+def _signer_annotation(signer: SigningKey | None) -> dict[str, str]:
+    """The signer's public key beside the envelope, so a host with no trust policy can trust
+    it on first use (ssh-style) and name its fingerprint; a policy never reads it."""
+    if signer is None:
+        return {}
+    return {SIGNER_KEY_ANNOTATION: public_pem(signer.key.public_key()).decode()}
 
 
 def _report(record: Record) -> dict[str, Any] | None:

@@ -45,6 +45,9 @@ BUILD_TYPE = "https://sm120-stacks.dev/buildtypes/stack/v1"
 #: The annotation every artifact carries: which image (manifest digest) it speaks of.
 SUBJECT_ANNOTATION = "dev.sm120-stacks.subject"
 KIND_ANNOTATION = "dev.sm120-stacks.kind"
+#: The signer's public key (PEM) beside a signed document: what first use may trust, never a
+#: trust by itself (evidence/firstuse.py).
+SIGNER_KEY_ANNOTATION = "dev.sm120-stacks.signer-key"
 
 
 def canonical(data: Any) -> bytes:

@@ -13,6 +13,7 @@ key however its PEM is wrapped, and what signatures, the trust policy and pins n
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import stat
@@ -61,6 +62,27 @@ def public_pem(key: ec.EllipticCurvePublicKey) -> bytes:
     return key.public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
+
+
+def fingerprint(key_id: str) -> str:
+    """The key's fingerprint as ssh prints one (`SHA256:` and the unpadded base64 of the
+    sha256 of its DER), to compare with its owner out of band; key_id is that sha256 in hex."""
+    return "SHA256:" + base64.b64encode(bytes.fromhex(key_id)).decode().rstrip("=")
+
+
+def published_key(pem: str, source: str) -> PublicKey | None:
+    """A P-256 public key published beside a signature (an artifact's annotation), or None
+    where the text is not one: such a key is only a candidate for first use, never trusted
+    by being there."""
+    if len(pem) > MAX_KEY_BYTES:
+        return None
+    try:
+        key = serialization.load_pem_public_key(pem.encode())
+    except (ValueError, UnsupportedAlgorithm):
+        return None
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
+        return None
+    return PublicKey(key_id=key_id_of(key), key=key, source=source)
 
 
 def key_id_of(key: ec.EllipticCurvePublicKey) -> str:

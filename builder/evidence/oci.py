@@ -106,6 +106,9 @@ class ArtifactStore:
     ) -> None:
         self.registry = registry
         self.session = (access or RegistryAccess.from_environment()).session(registry.host)
+        #: Manifests and blobs already read and checked against their digest: content
+        #: addressed, so first use's pass and the read after it fetch each document once.
+        self._checked: dict[str, bytes] = {}
         self.name = name or "/".join(
             [*([registry.namespace] if registry.namespace else []), REPOSITORY]
         )
@@ -141,9 +144,12 @@ class ArtifactStore:
 
     def manifest(self, descriptor: Descriptor) -> dict[str, Any]:
         """An artifact's manifest, checked against its descriptor."""
-        data, _ = self._manifest(descriptor.digest, (descriptor.media_type,))
-        if sha256_digest(data) != descriptor.digest or len(data) != descriptor.size:
-            raise _tampered(f"manifest {descriptor.digest}", sha256_digest(data))
+        data = self._checked.get(descriptor.digest)
+        if data is None:
+            data, _ = self._manifest(descriptor.digest, (descriptor.media_type,))
+            if sha256_digest(data) != descriptor.digest or len(data) != descriptor.size:
+                raise _tampered(f"manifest {descriptor.digest}", sha256_digest(data))
+            self._checked[descriptor.digest] = data
         parsed = json.loads(data)
         if not isinstance(parsed, dict):
             raise OperationFailed(f"manifest {descriptor.digest} is not a JSON object")
@@ -153,6 +159,9 @@ class ArtifactStore:
         """A blob's bytes, checked against its descriptor (size and sha256)."""
         if descriptor.size > MAX_DOCUMENT_BYTES:
             raise OperationFailed(f"blob {descriptor.digest} is {descriptor.size} bytes: too big")
+        known = self._checked.get(descriptor.digest)
+        if known is not None and len(known) == descriptor.size:
+            return known
         response = self._request("GET", f"/blobs/{descriptor.digest}")
         if response.status_code == 404:
             raise StackError(f"the registry has no blob {descriptor.digest}")
@@ -160,6 +169,7 @@ class ArtifactStore:
         data = response.content
         if sha256_digest(data) != descriptor.digest or len(data) != descriptor.size:
             raise _tampered(f"blob {descriptor.digest}", sha256_digest(data))
+        self._checked[descriptor.digest] = bytes(data)
         return bytes(data)
 
     def referrers(self, subject: str) -> tuple[list[Descriptor], str]:

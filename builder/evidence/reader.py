@@ -22,6 +22,7 @@ from builder.evidence.documents import (
     IN_TOTO_STATEMENT,
     PROVENANCE_TYPE,
     SBOM_TYPE,
+    SIGNER_KEY_ANNOTATION,
     SUBJECT_ANNOTATION,
     VERDICT_SCHEMA,
     VERDICT_TYPE,
@@ -29,8 +30,10 @@ from builder.evidence.documents import (
     VerdictDocument,
     sbom_summary,
 )
+from builder.evidence.keys import PublicKey, published_key
 from builder.evidence.oci import ArtifactStore, Descriptor, ManifestUnknown
-from builder.evidence.trust import TrustPolicy
+from builder.evidence.signing import ENVELOPE_MEDIA_TYPE
+from builder.evidence.trust import UNSIGNED_HINT, TrustPolicy, Untrusted
 from builder.evidence.vouching import Opened, open_document
 from builder.image.names import content_tag
 from builder.image.records import Record
@@ -60,6 +63,9 @@ class Evidence:
     signed_by: list[str] = field(default_factory=list)
     #: Documents relied on unsigned under a policy (--allow-unsigned).
     unsigned: list[str] = field(default_factory=list)
+    #: Unsigned documents beside signed evidence, not relied on ("KIND DIGEST"): a registry
+    #: writer's extra stops nothing, and is named.
+    ignored: list[str] = field(default_factory=list)
 
     @property
     def ref(self) -> str:
@@ -94,6 +100,7 @@ class Evidence:
             "warm_caches": self.warm_caches,
             "signed_by": self.signed_by,
             "unsigned": self.unsigned,
+            "ignored": self.ignored,
         }
 
 
@@ -142,7 +149,13 @@ def read_evidence(
             raise _refused(image.digest, f"artifact {descriptor.digest} has {len(layers)} layers")
         layer = Descriptor.of(layers[0])
         kind = manifest.get("artifactType") or descriptor.artifact_type
-        opened = _open(store, layer, str(kind), descriptor, evidence, trust, allow_unsigned)
+        if _unsigned_extra(str(kind), layer, trust, allow_unsigned):
+            evidence.ignored.append(f"{_KINDS[str(kind)]} {descriptor.digest}")
+            continue
+        published = _published(manifest, descriptor)
+        opened = _open(
+            store, layer, str(kind), descriptor, evidence, trust, allow_unsigned, published
+        )
         payload = opened.payload
         evidence.artifacts.append(descriptor)
         if kind == VERDICT_TYPE:
@@ -156,6 +169,13 @@ def read_evidence(
         annotated = (manifest.get("annotations") or {}).get(SUBJECT_ANNOTATION)
         if annotated is not None and annotated != image.digest:
             raise _refused(image.digest, f"artifact {descriptor.digest} is annotated {annotated}")
+    if not verdicts and any(i.startswith("verdict ") for i in evidence.ignored) and trust:
+        first = next(i for i in evidence.ignored if i.startswith("verdict "))
+        raise Untrusted(
+            f"{first[:27]}: unsigned [no key]: the only verdict is unsigned",
+            file=trust.path,
+            hint=UNSIGNED_HINT,
+        )
     if not verdicts:
         raise StackError(
             f"the registry holds no verdict for {repository}@{image.digest} "
@@ -184,6 +204,7 @@ def _open(
     evidence: Evidence,
     trust: TrustPolicy | None,
     allow_unsigned: bool,
+    published: PublicKey | None = None,
 ) -> Opened:
     """The document of one evidence artifact, opened and (under a policy) vouched for
     (evidence/vouching.py); the keys it rests on and an unsigned reliance noted in evidence.
@@ -194,7 +215,7 @@ def _open(
         return Opened(raw)
     name = f"{kind} {descriptor.digest[:19]}"
     opened = open_document(
-        kind, name, raw, layer.media_type, evidence.digest, trust, allow_unsigned
+        kind, name, raw, layer.media_type, evidence.digest, trust, allow_unsigned, published
     )
     evidence.signed_by += [k for k in opened.key_ids if k not in evidence.signed_by]
     if trust is not None and not opened.signed:
@@ -202,11 +223,38 @@ def _open(
     return opened
 
 
+def _unsigned_extra(
+    artifact_type: str, layer: Descriptor, trust: TrustPolicy | None, allow_unsigned: bool
+) -> bool:
+    """An unsigned evidence document under a policy that does not allow them: never relied
+    on, so not read (its content cannot refuse anything); a needed document missing because of
+    it is refused after the loop."""
+    return (
+        trust is not None
+        and not allow_unsigned
+        and artifact_type in _KINDS
+        and layer.media_type != ENVELOPE_MEDIA_TYPE
+    )
+
+
+def _published(manifest: dict[str, Any], descriptor: Descriptor) -> PublicKey | None:
+    """The signer's key published beside an artifact (its annotation), if it is one."""
+    pem = (manifest.get("annotations") or {}).get(SIGNER_KEY_ANNOTATION)
+    return published_key(pem, descriptor.digest) if isinstance(pem, str) else None
+
+
 def _require_all(evidence: Evidence, trust: TrustPolicy) -> None:
     """Under a policy a pin rests on every document it names, not a verdict alone."""
     missing = [
         n for n, v in (("SBOM", evidence.sbom), ("provenance", evidence.provenance)) if not v
     ]
+    unsigned = [n for n in missing if any(i.startswith(n.lower()) for i in evidence.ignored)]
+    if unsigned:
+        raise Untrusted(
+            f"{' and '.join(unsigned)}: unsigned [no key]: no signed one in the registry",
+            file=trust.path,
+            hint=UNSIGNED_HINT,
+        )
     if missing:
         raise _refused(
             evidence.digest,

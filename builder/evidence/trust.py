@@ -25,8 +25,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from builder.errors import StackError
-from builder.evidence.keys import PublicKey, load_public_key
-from builder.evidence.signing import read_envelope, subject_digests
+from builder.evidence.keys import PublicKey, fingerprint, load_public_key
+from builder.evidence.signing import Envelope, read_envelope, subject_digests
 from builder.image.verdicts import gpu_kind_key
 from builder.knowledge.loader import locate, validation_error
 from builder.knowledge.strict import Strict
@@ -65,6 +65,14 @@ def policy_schema() -> dict[str, Any]:
     document = PolicyFile.model_json_schema()
     document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return document
+
+
+#: What an unsigned document's refusal says: the two ways on.
+UNSIGNED_HINT = (
+    "two ways on: sign it (`sm120-stacks keys generate NAME`, then push --signing-key FILE; "
+    "a host with no trust.yaml trusts that key on first use, or name it in HOSTS_DIR/trust.yaml),"
+    " or --allow-unsigned (migration only: recorded in the pin, reported by drift)"
+)
 
 
 class Untrusted(StackError):
@@ -203,7 +211,31 @@ def vouch(
     its predicate is predicate_type and its subject is the image digest; Untrusted naming the
     document, the key id and the reason otherwise. document: what to call it in a refusal."""
     envelope = read_envelope(raw, document)
-    statement = envelope.statement(document)
+    return vouch_envelope(
+        envelope,
+        envelope.statement(document),
+        document=document,
+        predicate_type=predicate_type,
+        digest=digest,
+        policy=policy,
+        purpose=purpose,
+        gpu_kind=gpu_kind,
+    )
+
+
+def vouch_envelope(
+    envelope: Envelope,
+    statement: dict[str, Any],
+    *,
+    document: str,
+    predicate_type: str,
+    digest: str,
+    policy: TrustPolicy,
+    purpose: Purpose,
+    gpu_kind: str | None = None,
+) -> Vouched:
+    """vouch, for an envelope already parsed (statement: its payload's, parsed once): a
+    document that claims several purposes is decoded once, not once a purpose."""
     where = purpose if gpu_kind is None else f"{purpose} on {gpu_kind}"
     if not envelope.signatures:
         raise _refused(document, None, "unsigned", policy)
@@ -230,9 +262,19 @@ def _refused(document: str, key_id: str | None, reason: str, policy: TrustPolicy
     name = policy.name_of(key_id) if key_id else None
     if name:
         key += f" ({name})"
-    return Untrusted(
-        f"{document}: {reason} [{key}]",
-        file=policy.path,
-        hint="only evidence signed by a key the trust policy names for this purpose counts; "
-        "--allow-unsigned (recorded in the pin, reported by drift) is for migration only",
+    hint = (
+        "only evidence signed by a key the trust policy names for this purpose counts; "
+        "--allow-unsigned (recorded in the pin, reported by drift) is for migration only"
     )
+    if key_id is None:
+        hint = UNSIGNED_HINT
+    elif name is None:
+        key += f", fingerprint {fingerprint(key_id)}"
+        hint = (
+            f"{policy.path.name} does not name this key: if its owner rotated it on purpose "
+            "(check the fingerprint with them, not with the registry), add its .pub under "
+            "`keys:` and the purposes it signs for, beside or instead of the old one "
+            "(`sm120-stacks keys check`); otherwise someone else signed this evidence: do not "
+            "use the image"
+        )
+    return Untrusted(f"{document}: {reason} [{key}]", file=policy.path, hint=hint)

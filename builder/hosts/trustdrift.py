@@ -9,9 +9,12 @@ again from evidence signed by a key the policy still trusts.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from builder.errors import StackError
-from builder.evidence.trust import TrustPolicy
+from builder.evidence.trust import TrustPolicy, host_policy, policy_path
 from builder.hosts.drift import Drift
+from builder.hosts.evidence_gate import reverify
 from builder.hosts.pins import Pin
 
 
@@ -40,6 +43,24 @@ def trust_drifts(pin: Pin, policy: TrustPolicy | None) -> list[Drift]:
     return drifts
 
 
+def evidence_drifts(pin: Pin, policy: TrustPolicy | None) -> list[Drift]:
+    """The pinned digest's evidence re-verified under the current policy, every time (issue
+    43): a drift named `evidence` with why and what to do. Without a policy nothing is read
+    (drift writes nothing, so it does not trust on first use; deploy --apply does)."""
+    if policy is None:
+        return []
+    why = reverify(pin, policy)
+    if why is None:
+        return []
+    return [
+        Drift(
+            "evidence",
+            f"{why}; deploy --apply would refuse it: pin {pin.host} again from evidence "
+            f"signed by keys {policy.path.name} names for it (or fix {policy.path.name})",
+        )
+    ]
+
+
 def refuse_revoked(pins: list[Pin], policy: TrustPolicy | None) -> None:
     """deploy --apply starts nothing on evidence the policy no longer trusts: every pin whose
     key was taken out of trust.yaml is named, before any container or volume is touched."""
@@ -58,4 +79,26 @@ def refuse_revoked(pins: list[Pin], policy: TrustPolicy | None) -> None:
             file=policy.path,
             hint="pin each host again (`sm120-stacks pin HOST STACK --registry R`) once its "
             "evidence is signed by a key the policy names",
+        )
+
+
+def refuse_ungated(pin: Pin, hosts_dir: Path) -> None:
+    """`cache capture/list/prove` read the host's cache volume through a helper container of
+    the pinned image, so they run that image's code: only once its evidence passed the
+    current policy (issue 43), before the engine is asked for anything. Exit 2 otherwise."""
+    policy = host_policy(hosts_dir)
+    if policy is None:
+        raise StackError(
+            f"{pin.host}: no trust policy ({policy_path(hosts_dir)}): the evidence of "
+            f"{pin.image} is not verified here, and reading its cache volume runs that image",
+            hint=f"`sm120-stacks deploy {pin.host} --apply` trusts its signer on first use "
+            "(or write trust.yaml: docs/evidence.md), then run this again",
+        )
+    why = reverify(pin, policy)
+    if why is not None:
+        raise StackError(
+            f"{pin.host}: {pin.image} fails the trust policy ({why}): none of its code runs "
+            "here, nothing was read",
+            file=policy.path,
+            hint=f"pin {pin.host} again from evidence signed by keys {policy.path.name} names",
         )

@@ -95,10 +95,12 @@ def pull_stack(
     engine: Engine,
     registry: Registry,
     progress: OnLayer | None = None,
+    verified: tuple[str, str] | None = None,
 ) -> str:
-    """Pull the image of the stack's current content hash and tag it as a build would."""
+    """Pull the image of the stack's current content hash and tag it as a build would
+    (verified: its manifest and config digests, image/registry.py `pull`)."""
     name, content_hash = rendered.stack, rendered.content_hash()
-    image = pull(engine, registry, name, content_hash, progress)
+    image = pull(engine, registry, name, content_hash, progress, verified)
     engine.tag(image.id, local_ref(name, content_hash))
     engine.tag(image.id, moving_ref(name))
     record = load_record(build_dir, name, content_hash)

@@ -141,18 +141,29 @@ def pull(
     stack: str,
     content_hash: str,
     progress: OnLayer | None = None,
+    verified: tuple[str, str] | None = None,
 ) -> Image:
-    """Pull the image of this exact content hash; its label must say the same hash."""
+    """Pull the image of this exact content hash; its label must say the same hash.
+    verified: (manifest digest, config digest) of the image whose evidence was checked: the
+    engine then pulls REPO@digest, never the tag (which a registry writer may move between
+    the check and the pull), and the pulled image's id must be that config digest."""
     tag = content_tag(stack, content_hash)
+    wanted = verified[0] if verified else tag
+    ref = f"{registry.repository}@{wanted}" if verified else registry.ref(tag)
     _with_retries(
         registry,
         lambda: _answered(
-            "pull", tag, lambda: engine.pull(registry.repository, tag, progress), registry
+            "pull", tag, lambda: engine.pull(registry.repository, wanted, progress), registry
         ),
     )
-    image = engine.image(registry.ref(tag))
+    image = engine.image(ref)
     if image is None:
-        raise RegistryError(f"the engine pulled {registry.ref(tag)} but does not have it")
+        raise RegistryError(f"the engine pulled {ref} but does not have it")
+    if verified and image.id != verified[1]:
+        raise RegistryError(
+            f"the engine pulled {ref} as image {image.id}, and the verified manifest names "
+            f"config {verified[1]}: nothing was tagged or recorded"
+        )
     label = image.labels.get("sm120-stacks.content-hash")
     if label != content_hash:
         raise RegistryError(

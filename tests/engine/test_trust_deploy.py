@@ -19,6 +19,7 @@ import pytest
 
 from builder.evidence.keys import generate_key_pair, load_signing_key
 from builder.hosts.pins import LABEL_HOST, Pin, write_pin
+from tests.engine.conftest import pushed_local_base, unique
 from tests.engine.test_warm import hosts, served_image
 from tests.support.health import wait_healthy
 from tests.support.signed_evidence import attach_document, attach_evidence, evidence_documents
@@ -95,12 +96,42 @@ def test_deploy_verifies_the_evidence_then_refuses_it_re_signed_by_an_unknown_ke
     assert not api.volumes.list(filters={"name": f"sm120-warm-{fresh.host}"})
 
 
-def test_without_a_policy_deploy_says_nothing_was_verified(
-    hosts: Callable[..., tuple[Pin, int]], cli_process: Callable[..., Any], workspace: Path
+def test_without_a_policy_deploy_trusts_the_signer_on_first_use_and_refuses_unsigned(
+    hosts: Callable[..., tuple[Pin, int]],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    api: Any,
+    engine: Any,
+    registry: Any,
+    tmp_path: Path,
 ) -> None:
-    assert not (workspace / "hosts" / "trust.yaml").exists()
-    host, port = hosts("trust-deploy-none")
-    deployed = cli_process("deploy", host.host, "--apply", "--no-smoke")
-    assert f"{host.host}: no trust policy (" in deployed.stdout, deployed.stdout
-    assert f"the evidence of {host.image} was not verified" in deployed.stdout
-    wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+    """Safe by default (issue 43): no trust.yaml is no longer "nothing verified". The image's
+    evidence is unsigned: refused, nothing started; signed: its key trusted on first use
+    (key id and fingerprint said, trust.yaml written), and the host served. The image is in a
+    repository of its own (this module's holds the other test's keys)."""
+    policy = workspace / "hosts" / "trust.yaml"
+    assert not policy.exists()
+    made, port = hosts("trust-deploy-none")
+    with pushed_local_base(api, engine, registry, f"{unique('tofu-deploy')}/sm120-stacks") as ref:
+        host = made.model_copy(update={"image": ref})
+        write_pin(workspace / "hosts", host)
+        try:
+            attach_evidence(ref, STACK, CONTENT, None)  # what an unsigned push attached
+            refused = cli_process("deploy", host.host, "--apply", "--no-smoke", check=False)
+            assert refused.returncode == 2, refused.stdout + refused.stderr
+            assert "unsigned [no key]" in refused.stderr and "Traceback" not in refused.stderr
+            assert _containers(api, host) == [] and not policy.exists()
+
+            generate_key_pair(tmp_path, "first")
+            attach_evidence(ref, STACK, CONTENT, tmp_path / "first.key")
+            deployed = cli_process("deploy", host.host, "--apply", "--no-smoke")
+            key_id = load_signing_key(tmp_path / "first.key").key_id
+            said = deployed.stdout
+            assert f"first use: trusted key first-use-{key_id[:12]} (key id {key_id}" in said
+            assert "ignored 3 unsigned document(s)" in said, said
+            assert key_id[:12] in policy.read_text()
+            wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+        finally:
+            policy.unlink(missing_ok=True)
+            for container in _containers(api, host):
+                container.remove(force=True)

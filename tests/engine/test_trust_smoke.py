@@ -187,9 +187,12 @@ def test_smoke_record_signs_the_served_verdict_and_only_a_trusted_one_counts(
     unsigned = smoke()
     assert "recorded: served on cpu (passed)" in unsigned.stderr
     assert "unsigned: a host with a trust policy will not count it" in unsigned.stderr
-    refused = pin(trusted, unique("smoke-unsigned"))
-    assert refused.returncode == 2 and "unsigned [no key]" in refused.stderr, refused.stderr
-    assert not (trusted / f"{unique('smoke-unsigned')}.yaml").exists()
+    # issue 43: ignored and named beside the signed evidence, not a refusal (a registry
+    # writer's unsigned extra would otherwise stop every pin); the pin rests on the signed.
+    ignored = pin(trusted, unique("smoke-unsigned"))
+    assert ignored.returncode == 0, ignored.stdout + ignored.stderr
+    assert "ignored 1 unsigned document(s)" in ignored.stderr, ignored.stderr
+    assert "allow_unsigned: false" in (trusted / f"{unique('smoke-unsigned')}.yaml").read_text()
     migrated = pin(trusted, unique("smoke-migrated"), "--allow-unsigned")
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     pin_file = (trusted / f"{unique('smoke-migrated')}.yaml").read_text()

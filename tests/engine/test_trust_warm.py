@@ -129,7 +129,11 @@ def test_a_signed_capture_restores_only_where_its_key_is_trusted_for_the_gpu_kin
         "cache", "capture", source.host, env={"SM120_STACKS_SIGNING_KEY": str(keys / "ops.key")}
     )
     assert "signed by key" in captured.stdout, captured.stdout
-    assert ", signed: match" in cli_process("cache", "list", source.host).stdout
+    # Its key matches the host's, and the policy trusts ops for H200 only: `cache list` says
+    # what deploy --apply would do (issue 43: it used to print `match`).
+    listed = cli_process("cache", "list", source.host).stdout
+    assert ", signed: refused by the trust policy (" in listed, listed
+    assert "key not trusted for warm" in listed and ": match" not in listed
     assert (keys / "ops.key").read_text().splitlines()[1] not in captured.stdout + captured.stderr
 
     # The envelope in the registry verifies with securesystemslib and the public key alone.

@@ -35,7 +35,7 @@ from tests.engine.conftest import RUN, pushed_local_base, unique
 from tests.support.health import wait_healthy
 from tests.support.net import free_port
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("signed_warm")]
 
 #: One line: load the kernel or compile it (1 s; its bytes name the container that made it),
 #: keep a lock beside it, serve /health.
@@ -63,6 +63,39 @@ def served_image(
     module = Path(str(request.module.__file__)).stem
     with pushed_local_base(api, engine, registry, f"sm120-warm-test-{RUN}/{module}") as image:
         yield image
+
+
+@pytest.fixture(scope="module")
+def signed_warm(
+    workspace: Path, served_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """Safe by default (issue 43): deploy --apply relies on signed evidence only, and restores
+    only warm caches a trusted key signed. So this module's image carries evidence signed by
+    its own key, trust.yaml names that key for builds and warm caches on cpu, and `cache
+    capture` signs with it (SM120_STACKS_SIGNING_KEY); trust.yaml is removed afterwards (the
+    workspace's hosts folder is the session's). The key file."""
+    import json
+
+    from builder.evidence.keys import generate_key_pair
+    from tests.support.signed_evidence import attach_evidence
+
+    folder = workspace / "hosts"
+    keys = tmp_path_factory.mktemp("warm-keys")
+    generate_key_pair(keys, "warm-ops")
+    (folder / "warm-test-keys").mkdir(parents=True, exist_ok=True)
+    pub = folder / "warm-test-keys" / f"warm-ops-{RUN}.pub"
+    pub.write_bytes((keys / "warm-ops.pub").read_bytes())
+    attach_evidence(served_image, "warm-test", "0" * 64, keys / "warm-ops.key")
+    document = {
+        "version": 1,
+        "keys": {"warm-ops": str(pub.relative_to(folder))},
+        "purposes": {"build": ["warm-ops"], "warm": {"cpu": ["warm-ops"]}},
+    }
+    (folder / "trust.yaml").write_text(json.dumps(document))  # JSON is YAML
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SM120_STACKS_SIGNING_KEY", str(keys / "warm-ops.key"))
+        yield keys / "warm-ops.key"
+    (folder / "trust.yaml").unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -194,6 +227,7 @@ def test_a_tampered_artifact_restores_nothing(
     hosts: Callable[..., tuple[Pin, int]],
     cli_process: Callable[..., Any],
     tmp_path: Path,
+    signed_warm: Path,
 ) -> None:
     host, _ = hosts("warm-tampered", env={"TAMPERED": "1"})  # a key no other artifact has
     target = target_of(host)
@@ -207,7 +241,12 @@ def test_a_tampered_artifact_restores_nothing(
     tar = tmp_path / "cache.tar"
     _tar_of(tar, {"triton/grp0/kernel.cubin": b"evil"})
     honest = archive.CapturedFile("triton/grp0/kernel.cubin", 4, "0" * 64, 0o644, 0, "triton")
-    artifact.push(store, key, [honest], tar, "a tamperer")
+    # Signed by the trusted key (the policy passes it): the per-file check must catch it.
+    from builder.evidence.keys import load_signing_key
+    from builder.warm import signed
+
+    statement = signed.envelope(key, [honest], tar, "a tamperer", load_signing_key(signed_warm))
+    artifact.push(store, key, [honest], tar, "a tamperer", statement)
 
     refused = cli_process("deploy", host.host, "--apply", "--require-warm", check=False)
     assert refused.returncode == 2, refused.stdout + refused.stderr

@@ -20,16 +20,22 @@ from typing import Any
 
 import pytest
 
+from builder.evidence.keys import load_signing_key
 from builder.evidence.oci import ArtifactStore
 from builder.hosts.remote import connect
 from builder.hosts.warm_target import host_facts, target_of
 from builder.knowledge.cache_volume import cache_volume
-from builder.warm import archive, artifact
+from builder.warm import archive, artifact, signed
 from builder.warm.lifecycle import host_key
 from builder.warm.volume import open_volume
-from tests.engine.test_warm import _serve, hosts, served_image  # noqa: F401 (fixtures)
+from tests.engine.test_warm import (  # noqa: F401 (fixtures)
+    _serve,
+    hosts,
+    served_image,
+    signed_warm,
+)
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("signed_warm")]
 
 GROUP = "triton/grp0/__grp__kernel.json"
 LIVE = "/var/cache/sm120-stacks/live"
@@ -83,7 +89,10 @@ def test_an_artifact_of_damaged_files_is_refused_before_anything_is_written(
     hosts: Callable[..., tuple[Any, int]],  # noqa: F811
     cli_process: Callable[..., Any],
     tmp_path: Path,
+    signed_warm: Path,  # noqa: F811
 ) -> None:
+    """Signed by the key the policy names for warm caches (safe by default refuses unsigned
+    ones first): only the cache check refuses it."""
     host, port = hosts("warm-damaged-artifact", env={"DAMAGED_ARTIFACT": "1"})
     target = target_of(host)
     assert target is not None
@@ -103,7 +112,8 @@ def test_an_artifact_of_damaged_files_is_refused_before_anything_is_written(
         for name, data in members.items()
     ]
     archive.check(tar, listed)  # intact against its list: only the cache check refuses it
-    artifact.push(store, key, listed, tar, "a host killed mid-start")
+    statement = signed.envelope(key, listed, tar, "a host", load_signing_key(signed_warm))
+    artifact.push(store, key, listed, tar, "a host killed mid-start", statement)
 
     refused = cli_process("deploy", host.host, "--apply", "--require-warm", check=False)
     assert refused.returncode == 2, refused.stdout + refused.stderr

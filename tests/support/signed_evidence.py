@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.evidence import documents
-from builder.evidence.keys import load_signing_key
+from builder.evidence.keys import load_signing_key, public_pem
 from builder.evidence.oci import ArtifactStore
 from builder.evidence.signing import ENVELOPE_MEDIA_TYPE, seal
 from builder.image.records import Record, ServedVerdict
@@ -54,10 +54,13 @@ def attach_document(image: str, kind: str, payload: bytes, signer: Path | None) 
     store = ArtifactStore.of_image(image)
     repository, digest = image.rsplit("@", 1)
     layer, body = TYPES[kind], payload
+    annotations = {documents.SUBJECT_ANNOTATION: digest, documents.KIND_ANNOTATION: kind}
     if signer is not None:
         layer = ENVELOPE_MEDIA_TYPE
-        body = seal(kind, payload, repository, digest, load_signing_key(signer))
-    annotations = {documents.SUBJECT_ANNOTATION: digest, documents.KIND_ANNOTATION: kind}
+        key = load_signing_key(signer)
+        body = seal(kind, payload, repository, digest, key)
+        # push publishes the signer's public key beside the envelope (first use reads it)
+        annotations[documents.SIGNER_KEY_ANNOTATION] = public_pem(key.key.public_key()).decode()
     store.attach(store.image(digest), TYPES[kind], layer, body, annotations)
 
 
