@@ -40,19 +40,70 @@ def test_the_seed_mtp_marlin_manifest_is_rejected(
 ) -> None:
     shutil.copy(FIXTURES / "known-bad" / "vllm-0.22-marlin-mtp.yaml", stacks_dir)
     assert _fired(stacks_dir, "vllm-0.22-marlin-mtp") == [
-        "unquantized-draft-head-needs-unquantized-moe-backend"
+        "draft-inherits-quantization-only-moe-backend-before-0.33"
     ]
     result = run_cli("check", "vllm-0.22-marlin-mtp", stacks_dir=stacks_dir)
     assert result.exit_code == 2
     assert "moe_backend='marlin' is not supported for unquantized MoE" in result.output
     assert "seeds/000_5eeb6bc062d4c411.txt" in result.output
-    assert "vllm-0.22-marlin.yaml:" in result.output  # the key lives in the parent
+    assert "serve.speculative.moe_backend: triton" in result.output  # the way out
+
+
+def test_the_seed_mtp_with_the_drafts_own_backend_passes_on_its_own_version(
+    stacks_dir: Path,
+) -> None:
+    """0.22.1 had SpeculativeConfig.moe_backend already: seed 000's wall was avoidable."""
+    (stacks_dir / "variant.yaml").write_text(
+        "extends: vllm-0.22-marlin\n" "serve: {speculative: {method: mtp, moe_backend: triton}}\n"
+    )
+    stack = resolve("variant", stacks_dir)
+    assert check_stack(stack).ok
+    assert stack.draft is not None and stack.draft.moe_backend == "triton"
+    assert "fused_moe_120" not in stack.jit_modules
+
+
+def test_marlin_mtp_on_0_33_falls_to_auto_and_is_refused_on_sm120(stacks_dir: Path) -> None:
+    """0.33 no longer raises for marlin: the draft falls to auto, which on SM12x is FlashInfer
+    CUTLASS BF16 (fused_moe_120, not precompiled): refused by another rule, same remedy."""
+    (stacks_dir / "variant.yaml").write_text(
+        "extends: vllm-0.33-marlin\nserve: {speculative: {method: mtp}}\n"
+    )
+    stack = resolve("variant", stacks_dir)
+    assert _fired(stacks_dir, "variant") == ["draft-moe-auto-compiles-fused-moe-120-sm12x"]
+    assert stack.draft is not None and stack.draft.moe_backend == "flashinfer_cutlass"
+    assert "falls through to auto" in stack.draft.moe_backend_from
+
+
+def test_a_named_flashinfer_cutlass_draft_derives_fused_moe_120(stacks_dir: Path) -> None:
+    (stacks_dir / "variant.yaml").write_text(
+        "extends: vllm-0.33-marlin\n"
+        "serve: {speculative: {method: mtp, moe_backend: flashinfer_cutlass}}\n"
+    )
+    stack = resolve("variant", stacks_dir)
+    assert "fused_moe_120" in stack.jit_modules
+    assert check_stack(stack).ok
+
+
+def test_the_auto_draft_is_allowed_where_fused_moe_120_is_precompiled(stacks_dir: Path) -> None:
+    (stacks_dir / "variant.yaml").write_text(
+        "extends: vllm-0.33-marlin\n"
+        "serve: {speculative: {method: mtp}}\njit_cache: {modules: [fused_moe_120]}\n"
+    )
+    assert "draft-moe-auto-compiles-fused-moe-120-sm12x" not in _fired(stacks_dir, "variant")
 
 
 VARIANTS: dict[str, tuple[str, str]] = {
     # rule id: (base stack, YAML added under a child that extends it)
-    "unquantized-draft-head-needs-unquantized-moe-backend": (
+    "draft-inherits-quantization-only-moe-backend-before-0.33": (
         "vllm-0.22-marlin",
+        "serve: {speculative: {method: mtp}}",
+    ),
+    "draft-inherits-b12x-moe-backend": (
+        "vllm-0.33-marlin",
+        "serve: {moe_backend: flashinfer_b12x, speculative: {method: mtp}}",
+    ),
+    "draft-moe-auto-compiles-fused-moe-120-sm12x": (
+        "vllm-0.33-marlin",
         "serve: {speculative: {method: mtp}}",
     ),
     "flashinfer-cutlass-trtllm-nvfp4-moe-crash-sm120": (
@@ -138,6 +189,19 @@ VARIANTS: dict[str, tuple[str, str]] = {
 
 #: The same combinations at or past the fix (or with the working alternative): the rule is quiet.
 PAST_THE_FIX: dict[str, tuple[str, str]] = {
+    # The draft's own backend: the remedy each MTP rule proposes.
+    "draft-inherits-quantization-only-moe-backend-before-0.33": (
+        "vllm-0.22-marlin",
+        "serve: {speculative: {method: mtp, moe_backend: triton}}",
+    ),
+    "draft-inherits-b12x-moe-backend": (
+        "vllm-0.33-marlin",
+        "serve: {moe_backend: flashinfer_b12x, speculative: {method: mtp, moe_backend: triton}}",
+    ),
+    "draft-moe-auto-compiles-fused-moe-120-sm12x": (
+        "vllm-0.33-marlin",
+        "serve: {speculative: {method: mtp, moe_backend: triton}}",
+    ),
     "flashinfer-sampler-freeze-sm12x": (
         "vllm-0.33-marlin",
         "python: {packages: {flashinfer-python: 0.6.14}}",

@@ -919,3 +919,34 @@ def test_pypi_answers_the_json_simple_api() -> None:
     project = IndexClient(Path(ca) if ca else None).project("https://pypi.org/simple", "six")
     assert project is not None
     assert Version("1.16.0") in project.available()
+
+
+def test_propose_gives_the_mtp_draft_its_own_backend_on_the_way_to_0_33(
+    index: tuple[str, Served],
+    write_stack: Callable[..., Path],
+    stacks_dir: Path,
+    run_cli: Callable[..., Result],
+) -> None:
+    """An MTP stack on 0.22 with its draft inheriting marlin, moved to 0.33: the draft falls to
+    auto there (FlashInfer CUTLASS BF16 on sm120, not precompiled), so rule
+    draft-moe-auto-compiles-fused-moe-120-sm12x fires on the proposal and its `set` remedy
+    writes serve.speculative.moe_backend: triton, after which the proposal checks clean."""
+    url, _ = index
+    data = _probe(index_url=f"{url}/simple")
+    serve = data["serve"]
+    assert isinstance(serve, dict)
+    serve["speculative"] = {"method": "mtp"}
+    serve["model"]["draft_head_quantization"] = "bf16"  # the MTP head NVIDIA ships unquantized
+    write_stack("mtp", data)
+    args = ("propose", "try", "--from", "mtp", "--set", "vllm=0.33.0", "--no-lock", "--json")
+    result = run_cli(*args, stacks_dir=stacks_dir)
+    assert result.exit_code == 0, result.output
+    proposal = json.loads(result.output)
+    rule = "draft-moe-auto-compiles-fused-moe-120-sm12x"
+    applied = [s for s in proposal["settings_applied"] if s["rule"] == rule]
+    assert applied and applied[0]["serve"] == {"speculative.moe_backend": "triton"}
+    written = yaml.safe_load((stacks_dir / "try.yaml").read_text())
+    assert written["serve"]["speculative"]["moe_backend"] == "triton"
+    stack = resolve("try", stacks_dir)
+    assert check_stack(stack).violations == []  # no rule fires (not locked: --no-lock)
+    assert stack.draft is not None and stack.draft.moe_backend == "triton"

@@ -14,7 +14,7 @@ from pathlib import Path
 from builder.errors import StackError
 from builder.lock.inputs import base_reference, floating_bases, lock_path, stale_reason
 from builder.lock.lockfile import Lock
-from builder.lock.reading import read_lock
+from builder.lock.reading import inherited_lock, read_lock
 from builder.manifest.resolve import ResolvedStack
 
 
@@ -26,7 +26,8 @@ class LockedStack:
 
     stack: ResolvedStack
     lock: Lock | None
-    #: stacks/NAME.lock, whether or not it exists: where a stale or floating lock is fixed.
+    #: stacks/NAME.lock, whether or not it exists: where a stale or floating lock is fixed; for
+    #: a serve-only child without one, the parent's lock it builds on (reading.inherited_lock).
     path: Path
     #: What FROM uses in the build and runtime stages (lockfile.base_reference).
     build_base: str
@@ -51,6 +52,9 @@ def lock_stack(stack: ResolvedStack) -> LockedStack:
     path = lock_path(stack)
     lock = read_lock(path) if path.is_file() else None
     reason = stale_reason(stack, lock) if lock is not None else None
+    inherited = inherited_lock(stack) if lock is None else None
+    if inherited is not None:  # a serve-only child: its parent's lock is its own
+        path, lock = inherited
     stale = None
     if reason is not None:
         stale = StackError(

@@ -19,7 +19,7 @@ from builder.files import fingerprint, write_atomic
 from builder.knowledge.loader import parse_document
 from builder.knowledge.strict import Strict
 from builder.knowledge.yamlsafe import MAX_BYTES, load_yaml
-from builder.lock.inputs import lock_path, stale_reason
+from builder.lock.inputs import inputs_hash, lock_inputs, lock_path, stale_reason
 from builder.lock.lockfile import LOCK_SCHEMA, Hash, Lock, python_digest, remember_python_digest
 from builder.manifest.resolve import ResolvedStack
 
@@ -95,11 +95,32 @@ def _parse_cache_file(raw: bytes) -> Path | None:
     return base / "parsed-locks" / f"v{LOCK_SCHEMA}-c{PARSE_CACHE_FORMAT}-{digest}.json"
 
 
+def inherited_lock(stack: ResolvedStack) -> tuple[Path, Lock] | None:
+    """The lock of the nearest ancestor whose lock inputs (platform, bases, python section,
+    local wheels) are this stack's too: a child that changes only serve settings, env or JIT
+    modules installs exactly what its parent's lock pins, bases by digest included, so it checks
+    and builds on that lock without one of its own. None where the stack has its own lock file,
+    or no ancestor's lock matches."""
+    if lock_path(stack).is_file():
+        return None
+    wanted = inputs_hash(lock_inputs(stack))
+    for source in stack.sources[1:]:
+        path = source.with_name(f"{source.stem}.lock")
+        if not path.is_file():
+            continue
+        lock = read_lock(path)
+        if inputs_hash(lock.inputs) == lock.inputs_hash == wanted:
+            return path, lock
+    return None
+
+
 def current_lock(stack: ResolvedStack) -> Lock | None:
-    """The stack's lock for a build: None without one; a stale or broken lock is an error."""
+    """The stack's lock for a build: None without one (nor a parent's that matches it:
+    inherited_lock); a stale or broken lock is an error."""
     path = lock_path(stack)
     if not path.is_file():
-        return None
+        inherited = inherited_lock(stack)
+        return inherited[1] if inherited else None
     lock = read_lock(path)
     reason = stale_reason(stack, lock)
     if reason is not None:
@@ -117,6 +138,7 @@ def locked_versions(stack: ResolvedStack) -> dict[str, str] | None:
     None without a lock or with a stale one (`check` reports that on its own)."""
     path = lock_path(stack)
     if not path.is_file():
-        return None
+        inherited = inherited_lock(stack)
+        return inherited[1].python.versions() if inherited else None
     lock = read_lock(path)
     return lock.python.versions() if stale_reason(stack, lock) is None else None

@@ -7,7 +7,7 @@ rendering never has to guess whether a value is safe; templates still quote what
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from packaging.version import InvalidVersion, Version
 from pydantic import (
@@ -17,6 +17,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     StringConstraints,
     model_serializer,
+    model_validator,
 )
 
 from builder.knowledge.strict import Strict
@@ -213,9 +214,62 @@ OPTIONAL_MODEL_FACTS = (
 )
 
 
+#: A backend name as vLLM spells its enums' values (checked per vLLM version against
+#: knowledge/speculative_config.yaml, where the accepted values are read from the wheel).
+BackendName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+$", max_length=64)]
+
+
+SpeculativeMethod = Literal["mtp", "eagle", "eagle3", "ngram", "draft_model"]
+
+
 class Speculative(Strict):
-    method: Literal["mtp", "eagle", "eagle3", "ngram", "draft_model"]
+    """vLLM's --speculative-config: the draft's method and the settings vLLM's SpeculativeConfig
+    lets a draft have apart from its target's (config/speculative.py). Which keys and values a
+    vLLM version takes is knowledge (knowledge/speculative_config.yaml), checked by `check`: a
+    key the pinned vLLM lacks is refused there, not by the server at start."""
+
+    method: SpeculativeMethod
     num_speculative_tokens: int = Field(default=1, ge=1, le=16)
+    #: The draft's own MoE backend (SpeculativeConfig.moe_backend): without it the draft
+    #: inherits --moe-backend, which an unquantized draft of a quantized target may not run.
+    moe_backend: BackendName | None = None
+    #: The draft's own attention backend (SpeculativeConfig.attention_backend).
+    attention_backend: BackendName | None = None
+    #: The draft's own KV cache dtype (SpeculativeConfig.kv_cache_dtype).
+    kv_cache_dtype: KvCacheDtype | None = None
+    #: The draft's tensor-parallel size (SpeculativeConfig.draft_tensor_parallel_size).
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method_named(cls, data: Any) -> Any:
+        """vLLM needs the method where no draft model is given (and the manifest gives none):
+        say which it takes, not only that the key is missing."""
+        if isinstance(data, dict) and "method" not in data:
+            raise ValueError(
+                "speculative decoding needs a method: one of "
+                + ", ".join(get_args(SpeculativeMethod))
+            )
+        return data
+
+    @model_serializer(mode="wrap")
+    def _without_unset_keys(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Unset draft settings stay out of the JSON (the --speculative-config argument, the
+        content hash): vLLM then applies its own default, the target's setting."""
+        data = handler(self)
+        if isinstance(data, dict):
+            data = {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+#: The draft settings beyond the method and the token count, in the order the manifest lists
+#: them: the keys a vLLM version may lack (knowledge/speculative_config.yaml).
+DRAFT_SETTINGS = (
+    "moe_backend",
+    "attention_backend",
+    "kv_cache_dtype",
+    "draft_tensor_parallel_size",
+)
 
 
 class Serve(Strict):

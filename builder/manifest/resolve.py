@@ -31,6 +31,7 @@ from builder.knowledge.yamlsafe import YamlDocument, load_yaml
 from builder.manifest.model import Manifest
 from builder.manifest.rules import evaluate
 from builder.manifest.servepath import NoRoute, ServePath, check_serve_args, derive_serve_path
+from builder.manifest.speculative import DraftPath, check_speculative, derive_draft
 from builder.manifest.start_switches import StartSwitches, start_switches
 from builder.manifest.substitute import Substitutions
 
@@ -61,6 +62,8 @@ class ResolvedStack:
     serve_path: ServePath | None = None
     #: How its server sets what vLLM reads at start that follows the network (None: not read).
     start_switches: StartSwitches | None = None
+    #: What the speculative-decoding draft's MoE runs on (None: no speculative decoding).
+    draft: DraftPath | None = None
 
     def to_json(self, editorial: bool = True) -> dict[str, Any]:
         """The resolved manifest with derived values: what `show` prints. Without the editorial
@@ -84,6 +87,8 @@ class ResolvedStack:
             data["derived"]["serve_path"] = self.serve_path.to_json()
         if editorial and self.start_switches is not None:
             data["derived"]["start_switches"] = self.start_switches.to_json()
+        if editorial and self.draft is not None:
+            data["derived"]["draft"] = self.draft.to_json()
         return data
 
     def module_archs(self) -> dict[str, list[str]]:
@@ -148,6 +153,8 @@ def resolve(
     repo_root = stacks_dir.resolve().parent
     manifest, substituted = _substitute_bases(manifest, substitutions or Substitutions())
     check_serve_args(manifest, docs)  # first: the serve path reads the typed settings only
+    check_speculative(manifest, docs)
+    draft = derive_draft(manifest)
     uncovered: NoRoute | None = None
     try:
         serve_path = derive_serve_path(manifest, docs)
@@ -158,11 +165,12 @@ def resolve(
         manifest=manifest,
         base_substitutions=substituted,
         arch=derive(list(manifest.gpus), manifest.cuda),
-        jit_modules=_expand_modules(manifest, docs[0], serve_path),
+        jit_modules=_expand_modules(manifest, docs[0], serve_path, draft),
         sources=tuple(d.path for d in docs),
         repo_root=repo_root,
         serve_path=serve_path,
         start_switches=start_switches(manifest, docs, serve_path),
+        draft=draft,
     )
     _check_reserved_env(stack, docs)
     _check_patches(stack, docs)
@@ -254,7 +262,10 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 
 def _expand_modules(
-    manifest: Manifest, doc: YamlDocument, serve_path: ServePath | None
+    manifest: Manifest,
+    doc: YamlDocument,
+    serve_path: ServePath | None,
+    draft: DraftPath | None = None,
 ) -> tuple[str, ...]:
     presets = jit_presets()
     modules: list[str] = []
@@ -291,6 +302,10 @@ def _expand_modules(
             )
     # Appended last, so a stack whose presets already list them keeps its order.
     modules.extend(serve_path.modules if serve_path else ())
+    # The draft's own MoE backend, where the manifest names it (speculative.py; `auto` is
+    # left to the rules: a 97-step module nobody asked for is refused, not silently built).
+    if draft is not None and draft.named:
+        modules.extend(draft.flashinfer_modules)
     return tuple(dict.fromkeys(modules))
 
 
@@ -425,6 +440,9 @@ def rule_facts(stack: ResolvedStack, locked: Mapping[str, str] | None = None) ->
     if m.serve.engine == "vllm" and m.serve.moe_backend is None:
         facts["serve.moe_backend"] = "auto"  # no --moe-backend: vLLM picks, as with auto
     facts["jit.fixed_arch_gaps"] = stack.fixed_arch_gaps() or None
+    facts["jit.modules"] = list(stack.jit_modules)
+    if stack.draft is not None:
+        facts["draft.moe_backend"] = stack.draft.moe_backend
     driver, minimum = m.host_driver, stack.arch.min_driver
     if driver is not None and minimum is not None:
         facts["driver.below_minimum"] = Version(driver) < Version(minimum)

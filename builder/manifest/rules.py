@@ -135,15 +135,37 @@ class SwitchesRemedy(Strict):
         return f"set the start switches {', '.join(self.switches)}"
 
 
+class SettingsRemedy(Strict):
+    """What a machine can do about a rule on serve settings: set manifest keys (dotted paths
+    under serve, e.g. serve.speculative.moe_backend) to the values given. Each key must be one a
+    condition of the rule reads, so that setting it can clear the rule."""
+
+    #: Manifest key (dotted, starting with `serve.`) -> the value to set.
+    set: dict[str, Any]
+    #: Why those settings clear the rule, for the reviewer (propose prints it).
+    why: str
+
+    def describe(self) -> str:
+        return "set " + ", ".join(f"{k}: {v}" for k, v in self.set.items())
+
+
 def _remedy_kind(value: Any) -> str:
-    """A remedy that names `switches` sets them; any other is a pin (whose errors then name
-    the pin's keys). The tags are bracketed so that an error's key leaves them out."""
-    named = "switches" in value if isinstance(value, dict) else isinstance(value, SwitchesRemedy)
-    return "[switches]" if named else "[pin]"
+    """A remedy that names `switches` sets them, one that names `set` sets serve settings; any
+    other is a pin (whose errors then name the pin's keys). The tags are bracketed so that an
+    error's key leaves them out."""
+    if isinstance(value, dict):
+        if "switches" in value:
+            return "[switches]"
+        return "[set]" if "set" in value else "[pin]"
+    if isinstance(value, SwitchesRemedy):
+        return "[switches]"
+    return "[set]" if isinstance(value, SettingsRemedy) else "[pin]"
 
 
 Remedy = Annotated[
-    Annotated[PinRemedy, Tag("[pin]")] | Annotated[SwitchesRemedy, Tag("[switches]")],
+    Annotated[PinRemedy, Tag("[pin]")]
+    | Annotated[SwitchesRemedy, Tag("[switches]")]
+    | Annotated[SettingsRemedy, Tag("[set]")],
     Discriminator(_remedy_kind),
 ]
 
@@ -209,13 +231,16 @@ def rules_of(doc: YamlDocument) -> tuple[Rule, ...]:
 
 
 def _check_remedy(
-    doc: YamlDocument, index: int, rule: Rule, remedy: PinRemedy | SwitchesRemedy
+    doc: YamlDocument, index: int, rule: Rule, remedy: PinRemedy | SwitchesRemedy | SettingsRemedy
 ) -> None:
     """A remedy's pin must be a package the rule's conditions read, its switches ones
     knowledge/serve_switches.yaml records and the rule reads (start.*): anything else cannot
     change whether the rule fires."""
     if isinstance(remedy, SwitchesRemedy):
         _check_switches_remedy(doc, index, rule, remedy)
+        return
+    if isinstance(remedy, SettingsRemedy):
+        _check_settings_remedy(doc, index, rule, remedy)
         return
     read = {normalize(path[5:]) for path in rule.when if path.startswith("pins.")}
     if normalize(remedy.pin) not in read:
@@ -227,6 +252,28 @@ def _check_remedy(
             hint="pin a package the rule's `when` names as pins.<package>"
             + (f" ({', '.join(sorted(read))})" if read else ""),
         )
+
+
+def _check_settings_remedy(
+    doc: YamlDocument, index: int, rule: Rule, remedy: SettingsRemedy
+) -> None:
+    """Each key the remedy sets must be a serve setting a condition of the rule reads."""
+    if not remedy.set:
+        raise error_at(
+            [doc],
+            ("rules", index, "remedy", "set"),
+            f"rule {rule.id}: the remedy sets nothing",
+            hint="name the serve settings it sets (serve.KEY: VALUE)",
+        )
+    for key in remedy.set:
+        if not key.startswith("serve.") or key not in rule.when:
+            raise error_at(
+                [doc],
+                ("rules", index, "remedy", "set", key),
+                f"rule {rule.id}: the remedy sets {key}, which no condition of the rule reads "
+                "(or which is not a serve setting), so setting it cannot clear it",
+                hint="set a serve.* key the rule's `when` names",
+            )
 
 
 def _check_switches_remedy(

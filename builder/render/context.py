@@ -84,6 +84,9 @@ class TemplateContext:
     locked: bool = False
     #: The lock's heavy part is not empty (its own, earlier layer).
     locked_heavy: bool = False
+    #: The stack whose lock file it installs from: its own, or for a child that changes only
+    #: serve settings, the parent's it builds on (lock.reading.inherited_lock).
+    lock_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,7 @@ def _template_context(
         port=m.serve.port,
         serve_argv=serve_argv(stack),
         locked=lock is not None,
+        lock_name=lock.stack if lock is not None else stack.name,
         locked_heavy=bool(lock and lock.python.heavy),
     )
 

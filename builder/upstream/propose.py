@@ -37,7 +37,7 @@ from builder.lock.uv_compile import make_lock
 from builder.lock.writing import write_lock
 from builder.manifest.check import CheckResult, violation_error
 from builder.manifest.resolve import STACK_NAME, ResolvedStack, resolve
-from builder.manifest.rules import Rule, SwitchesRemedy
+from builder.manifest.rules import Rule, SettingsRemedy, SwitchesRemedy
 from builder.manifest.substitute import Substitutions
 from builder.upstream.carried_bases import ProposedBase, carry_bases
 from builder.upstream.index import IndexClient
@@ -45,7 +45,7 @@ from builder.upstream.moves import Move, plan_moves
 from builder.upstream.proposal_manifest import manifest_text
 from builder.upstream.releases import newest_matching
 from builder.upstream.ruling import firing, mitigations, retired, stack_rules
-from builder.upstream.settings import AppliedSettings, settings_for
+from builder.upstream.settings import AppliedSettings, settings_for, settings_set
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Proposal:
             "rules_apply": self.applies,
             "rules_retire": self.retires,
             "remedies_applied": [dataclasses.asdict(r) for r in self.remedies],
-            "settings_applied": [dataclasses.asdict(s) for s in self.settings],
+            "settings_applied": [s.to_json() for s in self.settings],
             "warnings": self.warnings,
             "bases": [dataclasses.asdict(b) for b in self.bases],
             "locked_packages": len(self.lock.python.versions()) if self.lock else None,
@@ -340,6 +340,9 @@ def _remedies(
             )
         if isinstance(remedy, SwitchesRemedy):
             switched.append(settings_for(rule, remedy, result.stack))
+            continue
+        if isinstance(remedy, SettingsRemedy):
+            switched.append(settings_set(rule, remedy))
             continue
         move = asked.get(canonicalize_name(remedy.pin))
         if move is not None:

@@ -11,12 +11,12 @@ variables under env, the gate's argument after the parent's serve.extra_args.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from builder.errors import StackError
 from builder.manifest.resolve import ResolvedStack
-from builder.manifest.rules import Rule, SwitchesRemedy
+from builder.manifest.rules import Rule, SettingsRemedy, SwitchesRemedy
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,32 @@ class AppliedSettings:
     #: Arguments added after the parent's serve.extra_args.
     extra_args: list[str]
     why: str
+    #: Serve settings set (dotted key under serve, e.g. speculative.moe_backend -> value).
+    serve: dict[str, Any] = field(default_factory=dict)
 
     def what(self) -> str:
-        return ", ".join([*(f"env {k}={v}" for k, v in self.env.items()), *self.extra_args])
+        return ", ".join(
+            [
+                *(f"env {k}={v}" for k, v in self.env.items()),
+                *self.extra_args,
+                *(f"serve.{k}: {v}" for k, v in self.serve.items()),
+            ]
+        )
 
     def describe(self) -> str:
         return f"rule {self.rule} fired on the proposal; its remedy sets {self.what()}: {self.why}"
+
+    def to_json(self) -> dict[str, Any]:
+        """As `propose --json` reports it; `serve` only where a `set` remedy set some."""
+        data: dict[str, Any] = {
+            "rule": self.rule,
+            "env": self.env,
+            "extra_args": self.extra_args,
+            "why": self.why,
+        }
+        if self.serve:
+            data["serve"] = self.serve
+        return data
 
 
 def settings_for(rule: Rule, remedy: SwitchesRemedy, stack: ResolvedStack) -> AppliedSettings:
@@ -52,6 +72,25 @@ def settings_for(rule: Rule, remedy: SwitchesRemedy, stack: ResolvedStack) -> Ap
     env = {name: value for fix in fixes for name, value in fix.env}
     args = [arg for fix in fixes for arg in fix.args]
     return AppliedSettings(rule.id, env, args, " ".join(remedy.why.split()))
+
+
+def settings_set(rule: Rule, remedy: SettingsRemedy) -> AppliedSettings:
+    """What a `set` remedy writes into the proposal: its serve settings, as given."""
+    serve = {key.removeprefix("serve."): value for key, value in remedy.set.items()}
+    return AppliedSettings(rule.id, {}, [], " ".join(remedy.why.split()), serve)
+
+
+def _serve_settings(applied: list[AppliedSettings]) -> dict[str, Any]:
+    """The serve settings of every `set` remedy as one nested mapping under serve."""
+    nested: dict[str, Any] = {}
+    for settings in applied:
+        for dotted, value in settings.serve.items():
+            *parents, last = dotted.split(".")
+            node = nested
+            for part in parents:
+                node = node.setdefault(part, {})
+            node.setdefault(last, value)
+    return nested
 
 
 def _merged(
@@ -101,12 +140,18 @@ def settings_lines(base: ResolvedStack, applied: list[AppliedSettings]) -> list[
             lines.append(
                 f"  {name}: {json.dumps(value)}  # remedy of rule {owner[name]} ({before})"
             )
+    serve = _serve_settings(applied)
+    if _added_args(base, applied) or serve:
+        lines.append("serve:")
     if _added_args(base, applied):
         lines += [
-            "serve:",
             f"  # the parent's arguments, then the remedy of {_rules(applied)}",
             f"  extra_args: {json.dumps(args)}",
         ]
+    for key, value in serve.items():
+        rules = sorted({s.rule for s in applied if s.serve})
+        lines.append(f"  # remedy of {', '.join(rules)}")
+        lines.append(f"  {key}: {json.dumps(value, sort_keys=True)}")
     return lines
 
 
@@ -119,6 +164,13 @@ def apply_settings(
     owner, args = _merged(base, applied)
     data["env"] = {**(data.get("env") or {}), **_env_values(applied)}
     header = [f"#   env.{name}: set by the remedy of rule {rule}" for name, rule in owner.items()]
+    for key, value in _serve_settings(applied).items():
+        current = data.setdefault("serve", {}).get(key)
+        merged = (
+            {**current, **value} if isinstance(current, dict) and isinstance(value, dict) else value
+        )
+        data["serve"][key] = merged
+        header.append(f"#   serve.{key}: set by a remedy ({json.dumps(value, sort_keys=True)})")
     if _added_args(base, applied):
         data.setdefault("serve", {})["extra_args"] = args
         added = [arg for arg in args if arg not in base.manifest.serve.extra_args]

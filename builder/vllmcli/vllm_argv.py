@@ -230,17 +230,115 @@ def _config_object(value: str, index: int) -> dict[str, Any]:
     return config
 
 
+#: vLLM's --speculative-config and its short form (engine/arg_utils.py:1864-1866 in 0.33.0), and
+#: the 0.33 shorthands that set one key of it each (:1869-1872, merged at :2108-2121).
+SPECULATIVE_OPTIONS = ("--speculative-config", "-sc")
+SPECULATIVE_SHORTHANDS = {
+    "--spec-method": "method",
+    "--spec-model": "model",
+    "--spec-tokens": "num_speculative_tokens",
+}
+
+
+@dataclass(frozen=True)
+class SpeculativeOption:
+    """The speculative config a serve argv gives vLLM, as its parser and
+    EngineArgs.create_speculative_config read it."""
+
+    #: The object vLLM builds SpeculativeConfig from (keys with underscores).
+    config: dict[str, object]
+    #: The index of the argument it comes from (the last that contributes).
+    index: int
+
+
+def speculative_config(args: Sequence[str]) -> SpeculativeOption | None:
+    """The speculative config an argv asks for; None where it asks for none.
+
+    `--speculative-config JSON` (`-sc`, `=` or a separate value, any unambiguous prefix), the
+    last one kept as argparse keeps it; `--speculative-config.KEY VALUE` arguments merged into
+    one object passed after all others (so it replaces a JSON one), as vLLM's
+    FlexibleArgumentParser does for every dotted config option; then 0.33's `--spec-method`,
+    `--spec-model`, `--spec-tokens`, each setting its key and refused where the config sets the
+    key too (arg_utils.py:2117-2120), as vLLM refuses it. A value that is not a JSON object is
+    refused (ExtraArgError), as vLLM refuses it at start."""
+    whole: tuple[dict[str, object], int] | None = None
+    dotted: dict[str, object] = {}
+    dotted_at = -1
+    short: dict[str, tuple[str, object, int]] = {}  # key -> (shorthand, value, index)
+    options = (*VLLM_OPTIONS, *SPECULATIVE_SHORTHANDS)
+    for index, arg in enumerate(args):
+        parsed = option_of(arg)
+        if parsed is None:
+            continue
+        name, value = parsed
+        spelled, _, key = name.partition(".")
+        option = SPECULATIVE_OPTIONS[0] if spelled == "-sc" else expand(spelled, options)
+        if option in SPECULATIVE_SHORTHANDS and not key:
+            text = value_of(args, index, value, option)
+            wanted = SPECULATIVE_SHORTHANDS[option]
+            short[wanted] = (option, int(text) if text.isdigit() else text, index)
+            continue
+        if option != SPECULATIVE_OPTIONS[0]:
+            continue
+        text = value_of(args, index, value, option)
+        if key:
+            loaded = _json_value(text)
+            dotted[key.partition(".")[0].replace("-", "_")] = loaded
+            dotted_at = index
+            continue
+        if text == "None":  # optional_type(json.loads)
+            whole = None
+            continue
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError:
+            config = None
+        if not isinstance(config, dict):
+            raise ExtraArgError(
+                index,
+                f"{text} is not a JSON object: vLLM's --speculative-config refuses it at start",
+                """write it as '{"method": "mtp", "num_speculative_tokens": 1}'""",
+            )
+        whole = ({str(k).replace("-", "_"): v for k, v in config.items()}, index)
+    if dotted:
+        whole = (dotted, dotted_at)
+    for key, (flag, setting, index) in short.items():
+        if whole is not None and key in whole[0]:
+            raise ExtraArgError(
+                index,
+                f"{flag} and --speculative-config['{key}'] are mutually exclusive: vLLM "
+                "refuses to start",
+                "set the key once",
+            )
+        config_so_far, last = whole if whole is not None else ({}, -1)
+        whole = ({**config_so_far, key: setting}, max(index, last))
+    if whole is None:
+        return None
+    return SpeculativeOption(whole[0], whole[1])
+
+
+def _json_value(value: str) -> object:
+    """A dotted option's value as vLLM reads it: JSON where it parses, else the text."""
+    try:
+        loaded: object = json.loads(value)
+        return loaded
+    except json.JSONDecodeError:
+        return value
+
+
 __all__ = [
     "CONFIG_OPTIONS",
     "VLLM_OPTIONS",
     "BackendOption",
     "ExtraArgError",
     "OptionValue",
+    "SpeculativeOption",
     "attention_backend_option",
     "attention_config_value",
     "expand",
     "has_flag",
     "last_value",
     "option_of",
+    "speculative_config",
     "value_of",
 ]
