@@ -1,4 +1,4 @@
-"""MTP on an NVFP4 MoE model, served on the GPU machine (issue 44; bench/RESULTS.md §15).
+"""MTP on an NVFP4 MoE model, served on the GPU machine (issue 44; bench/RESULTS.md §16).
 
 Runs the serve command of stacks/vllm-0.33-sm90-mtp.yaml (bench/serve_spec.py: --moe-backend
 marlin, --speculative-config with the draft's moe_backend triton) over the random-weight

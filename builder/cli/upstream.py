@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import click
+import yaml
 from rich.markup import escape
 from rich.table import Table
 
@@ -22,6 +23,7 @@ from builder.engine.protocol import Engine
 from builder.errors import OperationFailed, StackError, ToolMissing
 from builder.image.cabundle import resolve_ca_bundle
 from builder.manifest.resolve import stack_names
+from builder.upstream.audit import Audit, audit
 from builder.upstream.diff import Change, StackDiff, diff_stacks
 from builder.upstream.index import IndexClient
 from builder.upstream.outdated import Outdated, Row, outdated
@@ -130,6 +132,12 @@ def _print_outdated(results: list[Outdated], several: bool) -> None:
     help="A pin to leave out (repeat); the proposal is then a full copy of STACK.",
 )
 @click.option("--no-lock", is_flag=True, help="Write the manifest only (no resolution, offline).")
+@click.option(
+    "--audit",
+    "run_audit",
+    is_flag=True,
+    help="First audit each --set release against STACK (`audit`) and print its findings.",
+)
 @ca_bundle_option
 @click.option("--json", "as_json", is_flag=True, help="Print the proposal as JSON.")
 @pass_settings
@@ -141,6 +149,7 @@ def propose_cmd(
     sets: tuple[str, ...],
     drops: tuple[str, ...],
     no_lock: bool,
+    run_audit: bool,
     ca_bundle: str | None,
     as_json: bool,
 ) -> None:
@@ -149,6 +158,10 @@ def propose_cmd(
     locked. Nothing is written unless all of that succeeded."""
     client = _client(ca_bundle)
     wanted = parse_sets(sets)
+    if run_audit:
+        for package, version in wanted.items():
+            _print_audit(audit(f"{package}=={version}", settings.resolve(base), client,
+                               settings.build_dir))  # fmt: skip
     command = "sm120-stacks " + shlex.join(sys.argv[1:]) if sys.argv[1:] else ""
     proposal = propose(
         name,
@@ -202,6 +215,68 @@ def _print_proposal(proposal: Proposal) -> None:
         f"next: sm120-stacks diff {proposal.base} {proposal.name}; "
         f"make stack STACK={proposal.name}"
     )
+
+
+# --- audit -------------------------------------------------------------------------------------
+
+
+@cli.command("audit")
+@click.argument("release")
+@click.option("--against", "stack", required=True, metavar="STACK", help="The stack to audit for.")
+@click.option(
+    "--no-device-code", is_flag=True, help="Leave out the device-code reading (no cuobjdump)."
+)
+@ca_bundle_option
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@pass_settings
+@user_errors
+def audit_cmd(
+    settings: Settings,
+    release: str,
+    stack: str,
+    no_device_code: bool,
+    ca_bundle: str | None,
+    as_json: bool,
+) -> None:
+    """What RELEASE (vllm==0.34.0) changes for STACK's GPUs, read from its wheel and the wheel of
+    STACK's own release (downloaded once into build/wheels): device code per library and
+    kernel family, pins the stack's indexes lack or that move, VLLM_* switches, knowledge
+    citations that moved, and the MoE fallback list; each with FILE:LINE in a wheel, then the
+    candidate knowledge entries as YAML. Needs no GPU; changes no file outside build/."""
+    result = audit(
+        release,
+        settings.resolve(stack),
+        _client(ca_bundle),
+        settings.build_dir,
+        device_code=not no_device_code,
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    _print_audit(result)
+    click.echo("# candidate knowledge entries")
+    click.echo(yaml.safe_dump(result.candidate(), sort_keys=False, width=100))
+
+
+def _print_audit(result: Audit) -> None:
+    title = f"{result.release} against {result.stack} ({result.against})"
+    if result.libraries:
+        table = Table("library", "gpu", "machine code", "PTX", "on the GPU", "before",
+                      title=f"{title}: device code, read by {result.reader}")  # fmt: skip
+        for row in result.libraries:
+            table.add_row(escape(row.library), row.gpu, " ".join(row.sass), " ".join(row.ptx),
+                          escape(row.on_gpu), escape(row.before))  # fmt: skip
+        out.print(table)
+        table = Table("gpu", "family", "finding", "where", title=f"{title}: device code findings")
+        for device in result.device:
+            table.add_row(device.gpu, device.family, escape(device.text), escape(device.where))
+        out.print(table)
+    for kind in ("requirement", "switch", "module", "citation", "backend"):
+        rows = [f for f in result.findings if f.kind == kind]
+        table = Table(kind, "finding", "where", title=f"{title}: {kind}s ({len(rows)})")
+        for found in rows:
+            table.add_row(escape(found.subject), escape(found.text), escape(found.where))
+        out.print(table)
 
 
 # --- diff --------------------------------------------------------------------------------------
