@@ -7,6 +7,10 @@
 #     cold (the pip layers may be cached from earlier builds: cold-ish);
 #  2. ci-mini-rebuild-six: a child of it that adds `six`, a package FlashInfer does not import.
 #     Its packages stage reinstalls; its compile step must be CACHED and compile no module.
+#  3. (issue 46) ci-mini-rebuild-serve (another port: a serve-argument child) and
+#     ci-mini-rebuild-transformers (transformers 5.23.0: a bump that keeps torch and FlashInfer),
+#     then a no-op of the parent; steps.md: steps CACHED/run, nvcc lines and what uv installed
+#     per build; noop-pairs.txt: 5 no-ops of the tool against BuildKit's no-op of the same context.
 #
 # Each build's BuildKit log (build/NAME/logs/) is copied beside the table of their JIT steps.
 # Nothing is pruned or removed; the two images keep their tags in the scratch workspace's names.
@@ -16,10 +20,12 @@ cd "$(dirname "$0")/.."
 WORK=${WORK:-$(mktemp -d /tmp/sm120-rebuild-bench.XXXXXX)}
 OUT=${OUT:-$PWD/bench/results/rebuild-economy}
 CLI=$PWD/.venv/bin/sm120-stacks
+export PYTHONPATH=$PWD  # this checkout's builder, whichever checkout the venv was made in
 PY=$PWD/.venv/bin/python
 RUN_ID=${RUN_ID:-$(date -u +%Y%m%dT%H%M%S)-$$}
 mkdir -p "$OUT"
-rm -f "$OUT"/{build-parent,build-child,timeline}.txt "$OUT"/{parent,child-six}.buildkit.log "$OUT"/jit-steps.md
+rm -f "$OUT"/{build-parent,build-child,build-serve,build-transformers,build-noop,timeline,noop-pairs}.txt \
+    "$OUT"/{parent,child-six,child-serve,child-transformers}.buildkit.log "$OUT"/{jit-steps,steps}.md
 SECONDS=0
 
 . bench/workspace.sh
@@ -42,10 +48,37 @@ PY
     )
 }
 
+printf 'extends: ci-mini-rebuild\nserve:\n  port: 8001\n' >"$WORK/stacks/ci-mini-rebuild-serve.yaml"
+# The nearest stand-in for a vLLM bump that keeps torch and FlashInfer: another transformers.
+printf 'extends: ci-mini-rebuild\npython:\n  packages:\n    transformers: {version: 5.23.0, extras: [serving]}\n' \
+    >"$WORK/stacks/ci-mini-rebuild-transformers.yaml"
+
 must build-parent "$CLI" build ci-mini-rebuild
 must build-child "$CLI" build ci-mini-rebuild-six
+must build-serve "$CLI" build ci-mini-rebuild-serve
+must build-transformers "$CLI" build ci-mini-rebuild-transformers
+must build-noop "$CLI" build ci-mini-rebuild
 cp "$WORK/$(build_log ci-mini-rebuild)" "$OUT/parent.buildkit.log"
 cp "$WORK/$(build_log ci-mini-rebuild-six)" "$OUT/child-six.buildkit.log"
+cp "$WORK/$(build_log ci-mini-rebuild-serve)" "$OUT/child-serve.buildkit.log"
+cp "$WORK/$(build_log ci-mini-rebuild-transformers)" "$OUT/child-transformers.buildkit.log"
+# Issue 46: each build's wall time (timeline.txt), steps CACHED or run, nvcc lines and what uv
+# downloaded and installed, side by side; then the no-op against BuildKit's own no-op of the
+# same context (the replay script the build wrote), 5 pairs.
+"$PY" bench/rebuild_economy.py --steps \
+    "cold=$OUT/parent.buildkit.log" "one-package child=$OUT/child-six.buildkit.log" \
+    "serve-argument child=$OUT/child-serve.buildkit.log" \
+    "transformers bump=$OUT/child-transformers.buildkit.log" | tee "$OUT/steps.md"
+command_sh="$WORK/$(build_log ci-mini-rebuild)"
+command_sh="${command_sh%.log}.command.sh"
+for i in 1 2 3 4 5; do
+    (cd "$WORK" && /usr/bin/time -f "tool wall %e s cpu %U+%S s" "$CLI" build ci-mini-rebuild \
+        >/dev/null) 2>>"$OUT/noop-pairs.txt"
+    (cd "$WORK" && /usr/bin/time -f "buildkit wall %e s cpu %U+%S s" sh "$command_sh" \
+        >/dev/null 2>"$OUT/noop-buildkit-$i.log"; tail -n 1 "$OUT/noop-buildkit-$i.log") \
+        >>"$OUT/noop-pairs.txt"
+done
+cat "$OUT/noop-pairs.txt"
 "$PY" bench/rebuild_economy.py \
     "ci-mini-rebuild (new compile inputs)=$OUT/parent.buildkit.log" \
     "ci-mini-rebuild-six (one unrelated package)=$OUT/child-six.buildkit.log" \

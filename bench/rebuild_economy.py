@@ -31,7 +31,30 @@ def compile_step(log: str) -> str:
     return "CACHED" if whole == "CACHED" else f"{float(seconds):.1f} s"
 
 
+UV_LINE = re.compile(r"^#\d+ [\d.]+ ((?:Prepared|Installed|Uninstalled) \d+ packages?) in", re.M)
+STEP = re.compile(r"^(#\d+) \[(?!internal)[^\]]+\] ", re.M)
+
+
+def steps(arguments: list[str]) -> int:
+    """Issue 46's table: per build, its steps CACHED and run, its nvcc lines, and what uv said
+    it prepared (downloaded or built) and installed."""
+    print("| build | steps CACHED | steps run | nvcc lines | uv says |")
+    print("|---|---|---|---|---|")
+    for argument in arguments:
+        name, _, path = argument.partition("=")
+        log = Path(path).read_text(errors="replace")
+        ids = set(STEP.findall(log))
+        cached = {i for i in ids if re.search(rf"^{re.escape(i)} CACHED$", log, re.M)}
+        # BuildKit's own lines only: the client's command line names the manifest's nvcc_threads.
+        nvcc = sum(1 for line in log.splitlines() if line.startswith("#") and "bin/nvcc " in line)
+        uv = "; ".join(UV_LINE.findall(log)) or "not run"
+        print(f"| {name} | {len(cached)} | {len(ids - cached)} | {nvcc} | {uv} |")
+    return 0
+
+
 def main(arguments: list[str]) -> int:
+    if arguments[:1] == ["--steps"]:
+        return steps(arguments[1:])
     print(
         "| build | compile step | jit-deps s | jit-cache s | packages s | all stages s "
         "| modules compiled |"

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Build a local Debian + Python base image without any image registry:
 # debootstrap a minimal rootfs from Debian's packages, then `docker import` it.
-# Idempotent: does nothing when the image already exists, unless FORCE=1.
+# Idempotent: does nothing when the image already exists, unless FORCE=1. Made once, whoever
+# asks (issue 46): a second run at the same time waits for the first (flock) and takes its
+# result; the image is imported as IMAGE-recipe-<hash of this script, suite, mirror, packages,
+# arch> with that hash in its sm120-stacks.base-recipe label, smoke-checked, and only then
+# tagged IMAGE; a run whose recipe image exists tags it, debootstrapping nothing.
 #
 #   sudo scripts/make-base-local.sh               # -> local/debian-python:bookworm
 #   FORCE=1 scripts/make-base-local.sh            # rebuild
@@ -41,6 +45,12 @@ else
   platform=(--platform "linux/$ARCH")
 fi
 
+SCRIPT_NAME=make-base-local
+# shellcheck source=scripts/base-recipe.sh
+. "$(dirname "${BASH_SOURCE[0]}")/base-recipe.sh"
+base_lock make-base-local "$IMAGE"
+recipe="$(recipe_hash "${BASH_SOURCE[0]}" -- "$SUITE" "$MIRROR" "$PACKAGES" "${ARCH:-native}")"
+recipe_tag="$IMAGE-recipe-${recipe:0:16}"
 if [[ -z "$ARCH" ]]; then
   if [[ "${FORCE:-0}" != 1 ]] && "$DOCKER" image inspect "$IMAGE" >/dev/null 2>&1; then
     echo "make-base-local: $IMAGE already exists (FORCE=1 to rebuild)"
@@ -55,6 +65,11 @@ elif [[ "${FORCE:-0}" != 1 ]]; then
     exit 0
   fi
   [[ -z "$have" ]] || echo "make-base-local: $IMAGE is $have, not linux/$ARCH: making it again"
+fi
+if [[ "${FORCE:-0}" != 1 && -n "$(recipe_image "$recipe_tag" "$recipe")" ]]; then
+  publish make-base-local "$IMAGE" "$recipe_tag"
+  echo "make-base-local: $IMAGE is $recipe_tag, made before from the same recipe"
+  exit 0
 fi
 [[ $EUID -eq 0 ]] || { echo "make-base-local: debootstrap needs root" >&2; exit 1; }
 command -v debootstrap >/dev/null || { echo "make-base-local: apt-get install debootstrap" >&2; exit 1; }
@@ -101,8 +116,9 @@ if [[ -z "$ARCH" ]]; then
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
     --change 'CMD ["/bin/bash"]' \
+    --change "LABEL $RECIPE_LABEL=$recipe" \
     --message "debootstrap --variant=minbase --include=$PACKAGES $SUITE" \
-    - "$IMAGE" >/dev/null
+    - "$recipe_tag" >/dev/null
 else
   # `docker import --platform` is refused or ignored by engines without experimental features
   # (Debian 12's 20.10 records its own amd64), and BuildKit picks a FROM by the architecture
@@ -114,18 +130,20 @@ else
   printf '%s\n' 'FROM scratch' 'ADD rootfs.tar /' \
     'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8' \
     "LABEL org.opencontainers.image.description=\"debootstrap --arch=$ARCH --variant=minbase --include=$PACKAGES $SUITE\"" \
+    "LABEL $RECIPE_LABEL=$recipe" \
     'CMD ["/bin/bash"]' >"$tmp/context/Dockerfile"
-  "${build[@]}" --quiet "${platform[@]}" -t "$IMAGE" "$tmp/context" >/dev/null
+  "${build[@]}" --quiet "${platform[@]}" -t "$recipe_tag" "$tmp/context" >/dev/null
 fi
 
-# Smoke check: a shell, coreutils and a Python with a working venv module.
-"$DOCKER" run --rm --network none "${platform[@]}" "$IMAGE" /bin/sh -c \
+# Smoke check: a shell, coreutils and a Python with a working venv module (on the recipe tag:
+# IMAGE names the new image only once it passed).
+"$DOCKER" run --rm --network none "${platform[@]}" "$recipe_tag" /bin/sh -c \
   'ls / >/dev/null && python3 -c "import sys, venv, ensurepip; print(sys.version.split()[0])"'
 if [[ -n "$ARCH" ]]; then
   # The image's config must say its architecture (BuildKit picks a base by it for --platform)
   # and the binaries inside must be that architecture's.
-  got="$("$DOCKER" image inspect --format '{{.Os}}/{{.Architecture}}' "$IMAGE")"
-  machine="$("$DOCKER" run --rm --network none "${platform[@]}" "$IMAGE" uname -m)"
+  got="$("$DOCKER" image inspect --format '{{.Os}}/{{.Architecture}}' "$recipe_tag")"
+  machine="$("$DOCKER" run --rm --network none "${platform[@]}" "$recipe_tag" uname -m)"
   want_machine="$(case "$ARCH" in arm64) echo aarch64 ;; amd64) echo x86_64 ;; esac)"
   if [[ "$got" != "linux/$ARCH" || "$machine" != "$want_machine" ]]; then
     echo "make-base-local: $IMAGE is $got, uname -m $machine; wanted linux/$ARCH, $want_machine" >&2
@@ -133,5 +151,6 @@ if [[ -n "$ARCH" ]]; then
   fi
   echo "make-base-local: $IMAGE is $got (uname -m in it: $machine)"
 fi
+publish make-base-local "$IMAGE" "$recipe_tag"
 echo "make-base-local: built $IMAGE in $((SECONDS - start)) s," \
   "$("$DOCKER" image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"

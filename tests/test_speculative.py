@@ -14,7 +14,7 @@ from click.testing import Result
 from builder.manifest.resolve import resolve
 from builder.manifest.serve import serve_argv
 from builder.manifest.speculative import speculative_of_argv
-from builder.manifest.vllm_argv import ExtraArgError, speculative_config
+from builder.vllmcli.vllm_argv import ExtraArgError, speculative_config
 from tests.conftest import STACKS
 
 

@@ -30,6 +30,14 @@ from builder.engine.address import client_env
 from builder.engine.progress import Progress
 from builder.engine.protocol import Engine, Image
 from builder.errors import OperationFailed, StackError, ToolMissing, once_it_answers
+from builder.image.basepins import (
+    BASE_IDS_LABEL,
+    BasePin,
+    base_pins,
+    base_trouble,
+    recipe_trouble,
+    recorded_bases,
+)
 from builder.image.basepull import base_unavailable_error, unpullable_base
 from builder.image.buildcache import CacheSettings, cache_argv
 from builder.image.buildclient import BuildClient
@@ -37,11 +45,9 @@ from builder.image.jobs import auto_max_jobs
 from builder.image.names import content_tag, image_labels, local_ref, moving_ref
 from builder.image.records import load_record, save_record
 from builder.manifest.resolve import ResolvedStack
-from builder.render.context import RenderedContext, write_context
+from builder.render.context import RenderedContext, pinned_context, write_context
 
 TARGET_STAGE = "runtime"
-#: Label recording the image IDs the base tags pointed to at build time.
-BASE_IDS_LABEL = "sm120-stacks.base-ids"
 #: Lines of the client's output kept for reading its final error (the full log is on disk).
 TAIL_LINES = 40
 
@@ -101,17 +107,25 @@ def build_stack(
     content_hash = rendered.content_hash()
     ref = local_ref(stack.name, content_hash)
     existing = find_image(engine, ref, content_hash)
-    bases = local_base_ids(engine, stack)
-    if existing is not None and not options.no_cache and not _bases_moved(existing, bases):
+    # Each base's tag is read once, here: FROM, the compile cache id and the label all name
+    # what it held at this moment (image.basepins).
+    pins = base_pins(engine, stack, rendered.lock)
+    recipe = recipe_trouble(pins)
+    if recipe is not None:
+        _say(f"{stack.name}: {recipe}; building, not reusing")
+    reuse = existing is not None and not options.no_cache and recipe is None
+    if existing is not None and reuse and _reusable(stack.name, existing, pins):
         return _reused(engine, build_dir, stack.name, existing, (ref, content_hash), started)
     stack_dir = build_dir / stack.name
     with stack_dir_lock(stack_dir, options.lock_wait_s) as waited:
         # Built while we waited? Without a wait nobody here was building it: the look above
         # still holds (at worst a build that ended in between is done again, all cached).
         existing = None if options.no_cache or not waited else find_image(engine, ref, content_hash)
-        if existing is not None and not _bases_moved(existing, bases):  # built while we waited
+        if existing is not None and recipe is None and base_trouble(existing, pins) is None:
             return _reused(engine, build_dir, stack.name, existing, (ref, content_hash), started)
-        context = write_context(rendered, stack_dir / "context")
+        content_refs = {pin.reference: pin.content_ref for pin in pins.values()}
+        pinned = pinned_context(rendered, stack, content_refs)
+        context = write_context(pinned, stack_dir / "context")
         logs = stack_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{content_tag(stack.name, content_hash)}.log"
@@ -123,7 +137,10 @@ def build_stack(
         with tempfile.TemporaryDirectory(prefix="sm120-build-") as scratch:
             iidfile = Path(scratch) / "iid"
             argv = build_argv(stack, rendered, context, build_client, options, iidfile)
-            argv[-1:-1] = ["--label", f"{BASE_IDS_LABEL}={json.dumps(bases, sort_keys=True)}"]
+            bases = json.dumps(recorded_bases(pins), sort_keys=True)
+            argv[-1:-1] = ["--label", f"{BASE_IDS_LABEL}={bases}"]
+            for pin in pins.values():  # the tags FROM names, made only now that a build runs
+                engine.tag(pin.image.id, pin.content_ref)
             where = client_env(engine.address)
             _write_replay(command_path, build_client, argv, iidfile, where)
             written = (stack.manifest.bases.build.image, stack.manifest.bases.runtime.image)
@@ -241,23 +258,28 @@ def _keep_previous(log_path: Path) -> None:
 
 
 def local_base_ids(engine: Engine, stack: ResolvedStack) -> dict[str, str]:
-    """Image IDs of the stack's base references as this engine has them now.
-
-    A tag can move (a base rebuilt with `make base-local`, a mirror updated) without the
-    rendered context changing; recording what each FROM meant lets a later build notice.
-    Bases pinned by digest cannot move and are left out, as are bases the engine lacks.
-    """
-    ids = {}
-    for base in (stack.manifest.bases.build, stack.manifest.bases.runtime):
-        image = None if base.digest else engine.image(base.image)
-        if image is not None:
-            ids[base.image] = image.id
-    return ids
+    """Image IDs of the stack's bases FROM names by tag, as this engine has them now (the
+    label's value; base_pins holds the images themselves)."""
+    return recorded_bases(base_pins(engine, stack, None))
 
 
 def _bases_moved(image: Image, current: dict[str, str]) -> bool:
+    """The image's label names other bases than current (reference -> image ID)."""
     recorded = json.loads(image.labels.get(BASE_IDS_LABEL, "{}"))
-    return any(recorded.get(ref) not in (None, image_id) for ref, image_id in current.items())
+    return any(recorded.get(ref) != image_id for ref, image_id in current.items())
+
+
+def _reusable(stack: str, image: Image, pins: dict[str, BasePin]) -> bool:
+    """The image of this content hash was built on these bases; when not, says why (a build
+    follows: never "up to date" for an image of another base)."""
+    trouble = base_trouble(image, pins)
+    if trouble is not None:
+        _say(f"{stack}: the image {image.id.removeprefix('sha256:')[:12]} is not reused: {trouble}")
+    return trouble is None
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def build_argv(

@@ -22,11 +22,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from pydantic import Field
 
-from builder.manifest.knowledge import error_at, parse_document, read_knowledge
+from builder.knowledge.loader import error_at, parse_document, read_knowledge
+from builder.knowledge.strict import Strict
+from builder.knowledge.yamlsafe import YamlDocument
 from builder.manifest.model import DRAFT_SETTINGS, Manifest, Speculative
-from builder.manifest.strict import Strict
-from builder.manifest.vllm_argv import speculative_config
-from builder.manifest.yamlsafe import YamlDocument
+from builder.vllmcli.vllm_argv import speculative_config
 
 SPECULATIVE_FILE = "speculative_config.yaml"
 #: Draft head quantizations that make the draft's MoE an unquantized layer.

@@ -13,7 +13,7 @@ import os
 import shlex
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from builder.manifest.resolve import ResolvedStack, jit_module_table, local_whee
 from builder.manifest.serve import serve_argv
 from builder.render.digests import DigestCache
 from builder.render.jitdeps import jit_inputs_digest, jit_patches, jit_requirements
-from builder.render.requirements import lock_requirements
+from builder.render.requirements import lock_requirements, uv_requirements
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
 #: Where FlashInfer's JIT cache lives in every image (FLASHINFER_WORKSPACE_BASE): fixed, so
@@ -87,6 +87,8 @@ class TemplateContext:
     #: The stack whose lock file it installs from: its own, or for a child that changes only
     #: serve settings, the parent's it builds on (lock.reading.inherited_lock).
     lock_name: str = ""
+    #: Where the installer stage puts uv (mounted into the packages stage, never shipped).
+    uv_dir: str = "/opt/sm120-stacks-uv"
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,10 @@ class RenderedContext:
     #: The lock the context installs from (None: resolved at build time). Kept so that later
     #: steps judge the image by the lock it was built from, without reading the file again.
     lock: Lock | None = None
+    #: Set on a context pinned to this engine's bases (pinned_context): the content hash of the
+    #: context it was pinned from. The image keeps the hash its manifest and lock give on every
+    #: machine; the bases it was built on are in its label (image.basepins).
+    recipe_hash: str | None = None
 
     @property
     def dockerfile(self) -> str:
@@ -134,8 +140,8 @@ class RenderedContext:
 
     def content_hash(self) -> str:
         """sha256 over every path, mode and content (a copied file by its sha256): the image's
-        identity."""
-        return self._hash
+        identity. A pinned context answers the hash of the context it was pinned from."""
+        return self.recipe_hash or self._hash
 
 
 def template_context(stack: ResolvedStack, lock: Lock | None = None) -> TemplateContext:
@@ -260,11 +266,8 @@ def render_locked(
     digests = digests or DigestCache()
     stack, lock = locked.stack, locked.lock
     ctx = _template_context(stack, lock, locked.build_base, locked.runtime_base)
-    env = _jinja_env(templates_dir)
-    template = stack.manifest.build.template or "Dockerfile.j2"
-    dockerfile = env.get_template(template).render(ctx=ctx)
     files: dict[str, tuple[bytes, int]] = {
-        "Dockerfile": (_tidy(dockerfile).encode(), REGULAR),
+        "Dockerfile": (_dockerfile(stack, ctx, templates_dir), REGULAR),
         "manifest.json": (
             (json.dumps(stack.to_json(editorial=False), indent=2, sort_keys=True) + "\n").encode(),
             REGULAR,
@@ -274,6 +277,7 @@ def render_locked(
         "requirements/heavy.txt": (requirements(stack, ctx.heavy_packages).encode(), REGULAR),
         # The jit-deps stage's own file: it copies this alone, so that no other pin reaches it.
         "requirements/jit.txt": (jit_requirements(stack, lock).encode(), REGULAR),
+        "requirements/uv.txt": (uv_requirements(stack.manifest.python.index_url).encode(), REGULAR),
     }
     if stack.manifest.python.overrides:
         files["requirements/overrides.txt"] = (
@@ -304,6 +308,32 @@ def render_locked(
         )
     files.update(_patch_files(stack, {p["file"] for p in ctx.jit_patches}))
     return RenderedContext(stack=stack.name, files=files, copied=copied, lock=lock)
+
+
+def pinned_context(
+    rendered: RenderedContext,
+    stack: ResolvedStack,
+    pins: dict[str, str],
+    templates_dir: Path = TEMPLATES_DIR,
+) -> RenderedContext:
+    """rendered with each base FROM names by tag replaced by the content reference pins give
+    for it (tag -> `REPO:TAG-id-<image id>`, bases.content_reference): the Dockerfile a build
+    runs, whose FROM, compile cache id and label name the same image. Its content hash stays
+    rendered's (RenderedContext.recipe_hash)."""
+    if not pins:
+        return rendered
+    lock = rendered.lock
+    build_base, runtime_base = (base_reference(stack, lock, r) for r in ("build", "runtime"))
+    ctx = _template_context(
+        stack, lock, pins.get(build_base, build_base), pins.get(runtime_base, runtime_base)
+    )
+    files = {**rendered.files, "Dockerfile": (_dockerfile(stack, ctx, templates_dir), REGULAR)}
+    return replace(rendered, files=files, recipe_hash=rendered.content_hash())
+
+
+def _dockerfile(stack: ResolvedStack, ctx: TemplateContext, templates_dir: Path) -> bytes:
+    template = stack.manifest.build.template or "Dockerfile.j2"
+    return _tidy(_jinja_env(templates_dir).get_template(template).render(ctx=ctx)).encode()
 
 
 def _patch_files(stack: ResolvedStack, jit_names: set[str]) -> dict[str, tuple[bytes, int]]:

@@ -16,6 +16,7 @@ from builder.knowledge.jit_dependencies import jit_dependency_names
 from builder.lock.lockfile import Lock, normalize
 from builder.manifest.model import PackagePin, Patch
 from builder.manifest.resolve import ResolvedStack, canonical_json
+from builder.render.bases import base_identity
 from builder.render.requirements import lock_requirements
 
 
@@ -76,10 +77,14 @@ def jit_inputs_digest(
     toolchain env), the JIT's packages (with a lock, their pins and hashes), the patches to
     them, the local wheels and the compile flags and arch (the JIT's environment). No stack
     name, no other pin: ninja judges freshness by file times and would take objects built
-    against another torch or nvcc for current ones, so exactly these inputs name the mount."""
+    against another torch or nvcc for current ones, so exactly these inputs name the mount.
+
+    The base counts by what it is (bases.base_identity: its digest or image ID), never by its
+    name: the same image under another name shares the mount, and another image under the
+    same name (a base made again) gets a mount of its own."""
     m = stack.manifest
     inputs = {
-        "base": build_base,
+        "base": base_identity(build_base),
         "cuda": m.cuda,
         "apt": apt,
         "toolchain_env": m.build.toolchain_env,

@@ -19,8 +19,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from builder.errors import StackError
+from builder.knowledge.loader import KNOWLEDGE_DIR
 from builder.manifest.device_code import gpu_targets
-from builder.manifest.knowledge import KNOWLEDGE_DIR
 from builder.manifest.resolve import ResolvedStack
 from builder.upstream import source_audit as src
 from builder.upstream.cuobjdump import find_cuobjdump

@@ -253,6 +253,52 @@ def test_a_moved_base_tag_is_noticed(
     assert _bases_moved(image, dict.fromkeys(current, "sha256:" + "0" * 64))
 
 
+@pytest.mark.needs_ci_mini("a variant of ci-mini on its CUDA base, whose layers it checks")
+def test_an_image_of_another_base_than_its_label_says_is_built_again(
+    variant: Callable[[str, str], str],
+    cli_process: Callable[..., Any],
+    engine: DockerEngine,
+    workspace: Path,
+    api: Any,
+    tmp_path: Path,
+) -> None:
+    """Issue 46: the image under a stack's content tag carries a label naming another base
+    than the tag holds now, or the base the tag holds but another base's layers (a label read
+    from a tag that moved under the build). `build` says which and builds, never "up to
+    date"; what it builds starts with the base's own layers."""
+    from tests.engine.conftest import BASE_IMAGE
+
+    name = variant("ci-mini-forged", "env: {FORGED_BASE: one}")
+    cli_process("build", name)
+    content_hash = render(resolve(name, workspace / "stacks")).content_hash()
+    ref = local_ref(name, content_hash)
+    base = engine.image(BASE_IMAGE)
+    assert base is not None
+    base_layers = base.attrs["RootFS"]["Layers"]
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY Dockerfile /forged\n")
+    cases = {
+        "was 000000000000": {BASE_IMAGE: "sha256:" + "0" * 64},
+        "layers do not start with that base's layers": {BASE_IMAGE: base.id},
+    }
+    for said, recorded in cases.items():
+        forged, _ = api.images.build(
+            path=str(tmp_path),
+            labels={
+                "sm120-stacks.content-hash": content_hash,
+                "sm120-stacks.base-ids": json.dumps(recorded),
+            },
+        )
+        forged.tag(ref)
+        result = cli_process("build", name)
+        assert said in result.stderr, result.stdout + result.stderr
+        assert "up to date" not in result.stdout
+        rebuilt = engine.image(ref)
+        assert rebuilt is not None and rebuilt.id != forged.id
+        assert rebuilt.attrs["RootFS"]["Layers"][: len(base_layers)] == base_layers
+        assert json.loads(rebuilt.labels["sm120-stacks.base-ids"]) == {BASE_IMAGE: base.id}
+        api.images.remove(forged.id, force=True)
+
+
 @pytest.mark.needs_ci_mini("patches ci-mini's ninja package")
 def test_patches_apply_inside_the_image(
     variant: Callable[[str, str], str],
