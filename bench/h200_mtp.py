@@ -14,8 +14,15 @@ $H200_ROOT/caches), then judges what a random-weight model allows:
 - runtime compiles by kind (builder.verify.compiles over the server log, FLASHINFER_JIT_VERBOSE
   on as the smoke sets it) and FlashInfer modules built during the start (none expected).
 
+    python3 bench/h200_mtp.py unpack PARTS   # the bundle of bench/prepare_h200_mtp.sh
     python3 bench/h200_mtp.py serve NAME [--spec FILE] [--sc JSON] [--env K=V]...
     python3 bench/h200_mtp.py collect       # results -> $OUT/h200-mtp.tar.xz, mtp-summary.jsonl
+
+`unpack` takes the folder the parts were copied into (bench/h200_vllm033.sh recv .gpu/pK, one
+call each): site.tar.zst.partNN concatenated through zstd (the machine's, else the zstd binary
+that travelled in p1 with its liblz4) into $H200_ROOT/site, the whole files (serve specs,
+fi.tar.xz, model.tar.xz) into $H200_ROOT/bundle, then the machine's CUDA library wheels linked
+in as bench/h200_serve.py does it.
 
 --sc replaces the spec's --speculative-config value (the control: the same server without the
 draft's moe_backend). Raw output per start under $H200_ROOT/results-mtp: NAME.log (the
@@ -221,6 +228,50 @@ def serve(name: str, options: list[str]) -> int:
     return 0
 
 
+def unpack(parts: Path) -> int:
+    """The zstd site stream first, then the small files; times each step (unpack.txt)."""
+    BUNDLE.mkdir(parents=True, exist_ok=True)
+    SITE.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    lines = []
+    chunks = sorted(parts.glob("site.tar.zst.part*"))
+    zstd = shutil.which("zstd") or str(parts / "zstd")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(parts)} if zstd == str(parts / "zstd") else None
+    began = time.monotonic()
+    # zstd -d takes each named file as a frame of its own: the parts go in as one stream
+    with subprocess.Popen(["cat", *map(str, chunks)], stdout=subprocess.PIPE) as cat:
+        unzstd = subprocess.Popen(
+            [zstd, "-d", "-q", "--long=27", "-c"],
+            stdin=cat.stdout,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        tar = subprocess.run(["tar", "-x", "-C", str(SITE)], stdin=unzstd.stdout)
+        unzstd.wait()
+    if cat.returncode or unzstd.returncode or tar.returncode:
+        codes = (cat.returncode, unzstd.returncode, tar.returncode)
+        print(f"site: cat, zstd, tar exit {codes}", file=sys.stderr)
+        return 1
+    lines.append(f"site: {len(chunks)} parts through {zstd} in {time.monotonic() - began:.1f} s")
+    for item in sorted(parts.iterdir()):
+        if item.name.endswith((".json", ".txt")):
+            shutil.copy2(item, BUNDLE / item.name)
+        elif item.name.endswith(".tar.xz"):
+            target = BUNDLE / item.name.split(".")[0]
+            target.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(item) as archive:
+                archive.extractall(target, filter="tar")
+            lines.append(f"{item.name} -> {target}")
+    sys.path.insert(0, str(Path(__file__).parent))
+    os.environ["H200_ROOT"] = str(ROOT)
+    import h200_serve
+
+    h200_serve._link_machine_nvidia()
+    (RESULTS / "unpack.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return 0
+
+
 def collect() -> int:
     out = Path(os.environ["OUT"])
     with tarfile.open(out / "h200-mtp.tar.xz", "w:xz") as tar:
@@ -232,6 +283,8 @@ def collect() -> int:
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "serve":
         return serve(argv[1], argv[2:])
+    if argv and argv[0] == "unpack" and len(argv) == 2:
+        return unpack(Path(argv[1]))
     if argv and argv[0] == "collect":
         return collect()
     print(__doc__, file=sys.stderr)

@@ -16,7 +16,14 @@ from builder.engine.docker_adapter import DockerEngine, parse_progress_stream
 from builder.engine.hostprobe import Probe, gather
 from builder.engine.progress import StepTracker
 from builder.engine.protocol import ContainerSpec, EngineHost, Image, nvidia_runtimes
-from builder.errors import EngineError, EngineNotFound, EngineUnreachable, StackError, ToolMissing
+from builder.errors import (
+    EngineError,
+    EngineNotFound,
+    EngineUnreachable,
+    OperationFailed,
+    StackError,
+    ToolMissing,
+)
 from builder.hosts.hostcheck import check
 from builder.image.basepull import (
     BaseImageUnavailable,
@@ -189,9 +196,11 @@ def test_a_registry_answer_mentioning_eof_fails_at_once(no_sleep: list[float]) -
 
 def test_an_auth_error_fails_at_once(no_sleep: list[float]) -> None:
     engine = _PushingEngine(["unauthorized: authentication required"])
-    with pytest.raises(RegistryError, match="unauthorized"):
+    # A refused login is the user's to fix: a StackError with the remedy (exit 2, issue 47).
+    with pytest.raises(StackError, match="unauthorized") as raised:
         push(engine, REGISTRY, f"sm120-stacks:{TAG}", "ci-mini", CONTENT_HASH)
     assert engine.pushes == 1
+    assert not isinstance(raised.value, OperationFailed) and "docker login" in str(raised.value)
 
 
 def test_a_dropped_connection_is_retried_until_it_works(no_sleep: list[float]) -> None:

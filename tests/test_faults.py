@@ -311,7 +311,7 @@ def test_a_failed_push_takes_off_the_registry_tags_it_put_on() -> None:
     local = "sm120-stacks:faults-0123"
     earlier = registry.ref("faults")  # the moving tag, from an earlier push of this image
     engine = _NamesEngine({local: _NamesEngine.IMAGE, earlier: _NamesEngine.IMAGE})
-    with pytest.raises(OperationFailed, match="unauthorized") as raised:
+    with pytest.raises(StackError, match="unauthorized") as raised:  # exit 2 (issue 47)
         push(engine, registry, local, "faults", "0" * 64)  # type: ignore[arg-type]
     assert engine.names == {local: _NamesEngine.IMAGE, earlier: _NamesEngine.IMAGE}
     assert "docker login 127.0.0.1:5998" in str(raised.value)  # the remedy, named

@@ -278,6 +278,7 @@ COMMAND_MODULES = {
     "doctor": "builder.cli.doctor",
     "outdated": "builder.cli.upstream",
     "propose": "builder.cli.upstream",
+    "audit": "builder.cli.upstream",
     "diff": "builder.cli.upstream",
     "evidence": "builder.cli.evidence",
     "cache": "builder.cli.warm",

@@ -109,6 +109,7 @@ def layer_lines(action: str, ref: str) -> LayerProgress:
     "when it built this content hash) before failing; 0: fail at once (env "
     "SM120_STACKS_BUILD_WAIT).",
 )
+@allow_unsigned_option
 @engine_option
 @allow_floating_option
 @pass_settings
@@ -126,6 +127,7 @@ def build(
     cache_registry: str | None,
     cache_export: bool,
     wait_s: int,
+    allow_unsigned: bool,
     allow_floating: bool,
 ) -> None:
     """Build the stack's image (nothing happens when its content hash is already built).
@@ -164,7 +166,8 @@ def build(
     made = make_image(locked, rendered, request, engine, folders, taken, click.echo)
     if made.pull_from is not None:  # the registry has it: pulled with its evidence, said
         source = made.pull_from
-        _pull(settings, rendered, engine, source, f"pulled {{ref}} from {source.repository}")
+        said = f"pulled {{ref}} from {source.repository}"
+        _pull(settings, rendered, engine, source, said, allow_unsigned)
     if made.outcome is not None:
         _say_made(made.outcome, made.cache_sources)
 

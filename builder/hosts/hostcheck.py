@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from builder.engine.hostprobe import CDI_FIX, RUNTIME_FIX, TOOLKIT_REPOSITORY, HostFacts
+from builder.engine.hostprobe import CDI_DIRS, CDI_FIX, RUNTIME_FIX, TOOLKIT_REPOSITORY, HostFacts
 from builder.knowledge.archflags import capabilities
 
 DRIVER_FIX = "install the NVIDIA driver{need} (e.g. `apt-get install nvidia-driver`), then reboot"
@@ -179,11 +179,11 @@ def setup_findings(
                 Finding(
                     "cdi",
                     True,
-                    "no NVIDIA CDI spec (/etc/cdi, /var/run/cdi): podman needs one for GPUs, "
-                    "and it is a remedy for GPU containers losing their GPUs on a "
-                    "`systemctl daemon-reload` (docs/gpu-host.md)",
+                    f"no NVIDIA CDI spec ({', '.join(str(d) for d in CDI_DIRS)}): Docker with "
+                    "the NVIDIA runtime needs none; podman does for GPUs, and CDI is a remedy "
+                    "for GPU containers losing their GPUs on a `systemctl daemon-reload` "
+                    "(docs/gpu-host.md)",
                     CDI_FIX,
-                    warn=True,
                 )
             )
     if lost:

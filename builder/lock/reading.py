@@ -103,11 +103,12 @@ def inherited_lock(stack: ResolvedStack) -> tuple[Path, Lock] | None:
     or no ancestor's lock matches."""
     if lock_path(stack).is_file():
         return None
-    wanted = inputs_hash(lock_inputs(stack))
-    for source in stack.sources[1:]:
+    wanted: str | None = None  # read only where an ancestor has a lock: a fresh clone's check
+    for source in stack.sources[1:]:  # of a lock-less stack reads no local wheel
         path = source.with_name(f"{source.stem}.lock")
         if not path.is_file():
             continue
+        wanted = wanted or inputs_hash(lock_inputs(stack))
         lock = read_lock(path)
         if inputs_hash(lock.inputs) == lock.inputs_hash == wanted:
             return path, lock

@@ -89,6 +89,49 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+#: What trust on first use writes into a hosts folder (evidence/firstuse.py): trust.yaml and
+#: the public keys beside it.
+TRUST_FILES = ("trust.yaml", "keys")
+
+
+@pytest.fixture(autouse=True)
+def _first_use_stays_in_its_test(workspace: Path) -> Iterator[None]:
+    """The workspace (so its hosts/ folder) is the session's, and a `pin`, `pull` or `deploy`
+    from signed evidence with no trust.yaml writes one there (issue 43: trust on first use).
+    Left behind, it would be a policy no later test wrote, refusing another test's key: what a
+    test's first use wrote into workspace/hosts is removed after it."""
+    yield from _trust_written_meanwhile_removed(workspace / "hosts")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _first_use_stays_in_its_module(workspace: Path) -> Iterator[None]:
+    """The same for a module's own fixtures that pin and deploy (set up before any test's
+    function fixtures, torn down after the module's last test)."""
+    yield from _trust_written_meanwhile_removed(workspace / "hosts")
+
+
+def _trust_written_meanwhile_removed(hosts: Path) -> Iterator[None]:
+    before = _trust_files(hosts)
+    yield
+    for path in sorted(_trust_files(hosts) - before, reverse=True):
+        with contextlib.suppress(OSError):
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink()
+
+
+def _trust_files(hosts: Path) -> set[Path]:
+    found: set[Path] = set()
+    for name in TRUST_FILES:
+        path = hosts / name
+        if path.exists():
+            found.add(path)
+            if path.is_dir():
+                found.update(path.rglob("*"))
+    return found
+
+
 @pytest.fixture(scope="session")
 def proxy_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The machine's CA bundle, a private CA made here (the proxy CA the leak check must find,

@@ -142,8 +142,11 @@ def deployed(
     registry: Registry,
     registry_base: str,
     tmp_path_factory: pytest.TempPathFactory,
+    tiny_signing_key: Path,
 ) -> Iterator[dict[str, Any]]:
-    """hosts-e2e locked, built, recorded as tested, pushed, pinned and running as pinned."""
+    """hosts-e2e locked, built, recorded as tested, pushed signed, pinned and running as
+    pinned (with no trust.yaml, `pin` trusts the signing key on first use and refuses
+    unsigned evidence: issue 43)."""
     stacks = workspace / "stacks"
     (stacks / f"{STACK}.yaml").write_text(_manifest(registry_base))
     locked = cli_process("lock", STACK)
@@ -157,7 +160,7 @@ def deployed(
     record.static = "passed"  # what `sm120-stacks test` records when the image passes
     record.served = [served("cpu")]  # its CPU smoke (the pin gives it no GPU)
     save_record(workspace / "build", record)
-    cli_process("push", STACK, "--registry", registry.host)
+    cli_process("push", STACK, "--registry", registry.host, "--signing-key", str(tiny_signing_key))
     image = local_ref(STACK, content_hash)
     models = tmp_path_factory.mktemp("models")
     api.containers.run(

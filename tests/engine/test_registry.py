@@ -55,9 +55,14 @@ def test_push_remove_then_pull_or_build_pulls_without_building(
     cli_process: Callable[..., Any],
     api: Any,
     engine: DockerEngine,
+    tiny_signing_key: Path,
+    tmp_path: Path,
 ) -> None:
+    """Pushed signed (with no trust.yaml, a pull trusts the build key on first use and
+    refuses unsigned evidence: issue 43), into a hosts folder of the test's own."""
     name = built["name"]
-    pushed = cli_process("push", name, "--registry", registry.host, "--force")
+    signing = ("--signing-key", str(tiny_signing_key))
+    pushed = cli_process("push", name, "--registry", registry.host, "--force", *signing)
     digest_ref = pushed.stdout.strip()
     assert digest_ref.startswith(f"{registry.repository}@sha256:")
     assert has_image(engine, registry, name, built["hash"])
@@ -72,8 +77,10 @@ def test_push_remove_then_pull_or_build_pulls_without_building(
         registry.ref(name),
     ]:
         api.images.remove(ref)
-    result = cli_process("build", name, "--pull-or-build", "--registry", registry.host)
+    hosts = ("--hosts-dir", str(tmp_path / "hosts"))
+    result = cli_process(*hosts, "build", name, "--pull-or-build", "--registry", registry.host)
     assert "pulled" in result.stdout and "building" not in result.stdout
+    assert "first use: trusted key" in result.stderr
     pulled = engine.image(built["ref"])
     assert pulled is not None and pulled.id == image_id
     assert repo_digest(pulled, registry) == digest_ref

@@ -45,10 +45,17 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRegistry]:
 
 @pytest.fixture(scope="module")
 def pushed(
-    tls: TlsRegistry, cli_process: Callable[..., Any], workspace: Path, api: Any, local_base: str
+    tls: TlsRegistry,
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    api: Any,
+    local_base: str,
+    tiny_signing_key: Path,
 ) -> Iterator[str]:
     """TLS_CPU (a variant of the tiny stack: the subject is the registry, not the image's
-    content) built, recorded as tested, pushed with its evidence to the TLS registry."""
+    content) built, recorded as tested, pushed with its evidence to the TLS registry, signed
+    (a host with no trust.yaml pins signed evidence, trusting its key on first use, and
+    refuses unsigned: issue 43)."""
 
     def run(*args: str, check: bool = True) -> Any:
         return cli_process(*args, check=check, env=tls.env())
@@ -58,7 +65,13 @@ def pushed(
         return name
 
     yield _pushed_with_evidence(
-        TLS_CPU, write_variant, run, workspace, Registry(tls.host), [_served()]
+        TLS_CPU,
+        write_variant,
+        run,
+        workspace,
+        Registry(tls.host),
+        [_served()],
+        signing_key=tiny_signing_key,
     )
     for image in api.images.list(filters={"label": f"sm120-stacks.stack={TLS_CPU}"}):
         for tag in image.tags:

@@ -42,24 +42,36 @@ RUN { pip check > /tmp/jit-deps-check.txt || true; } \
  && if grep "which is not installed" /tmp/jit-deps-check.txt; then exit 1; fi \
  && rm /tmp/jit-deps-check.txt
 
-# --- packages: exact pins, over jit-deps (torch and FlashInfer's part in layers of their own) ---
-# FROM jit-deps, not toolchain: the packages the FlashInfer modules were compiled against are
-# those very files in the image (same layers, same times, so ninja finds the modules fresh);
-# pip leaves them as they are (already installed) and adds the rest.
-FROM jit-deps AS packages
-# The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; pip's cache lives
-# in a cache mount, so --no-cache-dir (DL3042) would only slow rebuilds. Separate RUNs (DL3059)
-# on purpose: the heavy layer survives a change of any other pin.
-COPY requirements/ /opt/sm120-stacks/requirements/
-# Locked (stacks/vllm-0.33-marlin.lock): the complete package set, each file hash-checked, so
-# --no-deps.
+# --- installer: uv, hash-pinned, for the packages stage (mounted there, never shipped) ---
+FROM toolchain AS installer
+COPY requirements/uv.txt /opt/sm120-stacks/requirements/
 # hadolint ignore=DL3042,DL3059
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     --mount=type=secret,id=proxy-ca \
     --mount=type=secret,id=hf-token \
     --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
     /opt/sm120-stacks/tools/with-secrets.sh \
-    pip install --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock.txt
+    pip install --require-hashes --no-deps --target /opt/sm120-stacks-uv -r /opt/sm120-stacks/requirements/uv.txt
+
+# --- packages: exact pins, over jit-deps (torch and FlashInfer's part in layers of their own) ---
+# FROM jit-deps, not toolchain: the packages the FlashInfer modules were compiled against are
+# those very files in the image (same layers, same times, so ninja finds the modules fresh);
+# uv leaves them as they are (already installed) and adds the rest from its cache mount.
+FROM jit-deps AS packages
+# The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; uv's cache lives
+# in a cache mount shared by every stack, so a pin change downloads only what is new.
+COPY requirements/ /opt/sm120-stacks/requirements/
+# Locked (stacks/vllm-0.33-marlin.lock): the complete package set, each file hash-checked, so
+# --no-deps.
+# hadolint ignore=DL3059
+RUN --mount=type=cache,target=/root/.cache/uv,sharing=locked \
+    --mount=type=bind,from=installer,source=/opt/sm120-stacks-uv,target=/opt/sm120-stacks-uv \
+    --mount=type=secret,id=proxy-ca \
+    --mount=type=secret,id=hf-token \
+    --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
+    UV_LINK_MODE=copy UV_NO_PROGRESS=1 /opt/sm120-stacks/tools/with-secrets.sh \
+    /opt/sm120-stacks-uv/bin/uv pip install --python /opt/venv/bin/python --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock.txt \
+ && { python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true; }
 
 # --- patches: applied to the installed packages, checksums verified first ---
 FROM packages AS patched
@@ -81,7 +93,7 @@ ENV CMAKE_CUDA_ARCHITECTURES="120f" \
 # --no-cache build with the same id gets a fresh one).
 RUN --mount=type=bind,source=tools/flashinfer_jit.py,target=/opt/sm120-stacks/tools/flashinfer_jit.py \
     --mount=type=bind,source=tools/jit-modules.json,target=/opt/sm120-stacks/tools/jit-modules.json \
-    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.7.2.post1-120f-py3.12-e78e4fe6451c,target=/opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/120f,sharing=locked \
+    --mount=type=cache,id=sm120-stacks-flashinfer-workspace-0.7.2.post1-120f-py3.12-0479aa97252d,target=/opt/flashinfer-cache/.cache/flashinfer/0.7.2.post1/120f,sharing=locked \
     python /opt/sm120-stacks/tools/flashinfer_jit.py precompile \
     sampling fp4_gemm_cutlass_sm120 \
  && mkdir -p /opt/sm120-stacks-jit/cached_ops \
