@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from builder.engine.protocol import Engine, Image
-from builder.lock.inputs import base_reference
-from builder.lock.lockfile import Lock
-from builder.manifest.resolve import ResolvedStack
 from builder.render.bases import content_reference
 
 #: Label recording the image IDs the base references named at build time.
@@ -47,13 +45,13 @@ class BasePin:
         return _layers(self.image)
 
 
-def base_pins(engine: Engine, stack: ResolvedStack, lock: Lock | None) -> dict[str, BasePin]:
-    """role -> pin of each base FROM names by tag that the engine holds. A base pinned by
-    digest, or one the engine lacks (BuildKit pulls it, by digest in a lock), is left out."""
+def base_pins(engine: Engine, bases: Mapping[str, str]) -> dict[str, BasePin]:
+    """role -> pin of each base FROM names by tag that the engine holds; bases: role -> the
+    reference FROM names (RenderedContext.bases). A base pinned by digest, or one the engine
+    lacks (BuildKit pulls it, by digest in a lock), is left out."""
     pins: dict[str, BasePin] = {}
     seen: dict[str, Image | None] = {}
-    for role in ("build", "runtime"):
-        reference = base_reference(stack, lock, role)
+    for role, reference in bases.items():
         if "@sha256:" in reference:
             continue
         if reference not in seen:

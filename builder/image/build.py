@@ -109,7 +109,7 @@ def build_stack(
     existing = find_image(engine, ref, content_hash)
     # Each base's tag is read once, here: FROM, the compile cache id and the label all name
     # what it held at this moment (image.basepins).
-    pins = base_pins(engine, stack, rendered.lock)
+    pins = base_pins(engine, rendered.bases)
     recipe = recipe_trouble(pins)
     if recipe is not None:
         _say(f"{stack.name}: {recipe}; building, not reusing")
@@ -260,7 +260,10 @@ def _keep_previous(log_path: Path) -> None:
 def local_base_ids(engine: Engine, stack: ResolvedStack) -> dict[str, str]:
     """Image IDs of the stack's bases FROM names by tag, as this engine has them now (the
     label's value; base_pins holds the images themselves)."""
-    return recorded_bases(base_pins(engine, stack, None))
+    named = {
+        role: str(getattr(stack.manifest.bases, role).reference) for role in ("build", "runtime")
+    }
+    return recorded_bases(base_pins(engine, named))
 
 
 def _bases_moved(image: Image, current: dict[str, str]) -> bool:

@@ -3,8 +3,8 @@ layer cache comes from, and the up-to-date memo of what came out.
 
 The command line hands down the locked stack and its rendered context (both made once) with a
 BuildRequest, and prints the Made it gets back. Pulling with the image's evidence is a later
-step's job (evidence/pull.py, above this one): the command line hands that pull in as a
-function, and this module decides when it runs.
+step's job (evidence/pull.py, above this one): this module only says that the registry has the
+image (Made.pull_from), and the command line pulls it.
 """
 
 from __future__ import annotations

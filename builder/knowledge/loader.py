@@ -71,6 +71,21 @@ def locate(key_path: tuple[Any, ...], docs: list[YamlDocument]) -> tuple[YamlDoc
     return docs[0], None
 
 
+class ManifestKeyError(Exception):
+    """What is wrong with the manifest's value at key_path, said where the value is judged.
+
+    The checks of manifest/ read the typed manifest, not its YAML: they raise this, and resolve()
+    places it once, at the file and line that spell the key (error_at), so the YAML documents are
+    not handed through every check for the sake of its error messages.
+    """
+
+    def __init__(
+        self, key_path: tuple[str | int, ...], message: str, hint: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.key_path, self.message, self.hint = key_path, message, hint
+
+
 def error_at(
     docs: list[YamlDocument],
     key_path: tuple[str | int, ...],

@@ -25,7 +25,7 @@ from builder.knowledge.archflags import ArchFlags, arch_table, cuda_facts, deriv
 from builder.knowledge.jitmodules import JitModule as JitModule
 from builder.knowledge.jitmodules import jit_modules_known as jit_modules_known
 from builder.knowledge.jitmodules import jit_presets as jit_presets
-from builder.knowledge.loader import error_at, validation_error
+from builder.knowledge.loader import ManifestKeyError, error_at, validation_error
 from builder.knowledge.model_shapes import known_shape
 from builder.knowledge.yamlsafe import YamlDocument, load_yaml
 from builder.manifest.model import Manifest
@@ -141,6 +141,9 @@ def stack_names(stacks_dir: Path) -> list[str]:
 def resolve(
     name: str, stacks_dir: Path, substitutions: Substitutions | None = None
 ) -> ResolvedStack:
+    """The stack `name` resolved from its files. Its checks judge the typed manifest and say
+    which key is wrong (ManifestKeyError); this is the one place that finds the file and line
+    that spell it, in the stack's files, child first."""
     docs = _load_chain(name, stacks_dir)
     merged: dict[str, Any] = {}
     for doc in reversed(docs):
@@ -150,14 +153,28 @@ def resolve(
         manifest = Manifest.model_validate(merged)
     except ValidationError as exc:
         raise validation_error(exc, docs) from None
+    try:
+        return _derived(name, manifest, tuple(d.path for d in docs), stacks_dir, substitutions)
+    except ManifestKeyError as exc:
+        raise error_at(docs, exc.key_path, exc.message, exc.hint) from None
+
+
+def _derived(
+    name: str,
+    manifest: Manifest,
+    sources: tuple[Path, ...],
+    stacks_dir: Path,
+    substitutions: Substitutions | None,
+) -> ResolvedStack:
+    """The stack its valid manifest derives, every check of it passed."""
     repo_root = stacks_dir.resolve().parent
     manifest, substituted = _substitute_bases(manifest, substitutions or Substitutions())
-    check_serve_args(manifest, docs)  # first: the serve path reads the typed settings only
-    check_speculative(manifest, docs)
+    check_serve_args(manifest)  # first: the serve path reads the typed settings only
+    check_speculative(manifest)
     draft = derive_draft(manifest)
     uncovered: NoRoute | None = None
     try:
-        serve_path = derive_serve_path(manifest, docs)
+        serve_path = derive_serve_path(manifest)
     except NoRoute as exc:
         serve_path, uncovered = None, exc
     stack = ResolvedStack(
@@ -165,17 +182,17 @@ def resolve(
         manifest=manifest,
         base_substitutions=substituted,
         arch=derive(list(manifest.gpus), manifest.cuda),
-        jit_modules=_expand_modules(manifest, docs[0], serve_path, draft),
-        sources=tuple(d.path for d in docs),
+        jit_modules=_expand_modules(manifest, serve_path, draft),
+        sources=sources,
         repo_root=repo_root,
         serve_path=serve_path,
-        start_switches=start_switches(manifest, docs, serve_path),
+        start_switches=start_switches(manifest, serve_path),
         draft=draft,
     )
-    _check_reserved_env(stack, docs)
-    _check_patches(stack, docs)
-    _check_distinct_names(docs, ("python", "wheels"), stack.manifest.python.wheels)
-    _check_template(stack, docs)
+    _check_reserved_env(stack)
+    _check_patches(stack)
+    _check_distinct_names(("python", "wheels"), stack.manifest.python.wheels)
+    _check_template(stack)
     if uncovered is not None and not evaluate(rule_facts(stack)):
         # Where a compatibility rule fires (no flashinfer_b12x before vLLM 0.22), its message says
         # more: `check` and every command that builds (Settings.checked) refuse with it instead.
@@ -263,7 +280,6 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 def _expand_modules(
     manifest: Manifest,
-    doc: YamlDocument,
     serve_path: ServePath | None,
     draft: DraftPath | None = None,
 ) -> tuple[str, ...]:
@@ -272,12 +288,10 @@ def _expand_modules(
 
     def add_preset(preset_name: str, trail: tuple[str, ...]) -> None:
         if preset_name not in presets:
-            raise StackError(
+            raise ManifestKeyError(
+                ("jit_cache", "presets"),
                 f"unknown JIT preset {preset_name!r}",
-                file=doc.path,
-                key="jit_cache.presets",
-                line=doc.line_of(("jit_cache", "presets")),
-                hint=f"known presets: {', '.join(sorted(presets))} (knowledge/jit_presets.yaml)",
+                f"known presets: {', '.join(sorted(presets))} (knowledge/jit_presets.yaml)",
             )
         if preset_name in trail:
             raise StackError(f"JIT preset include cycle: {' -> '.join((*trail, preset_name))}")
@@ -292,12 +306,10 @@ def _expand_modules(
     known = jit_modules_known()
     for name in modules:
         if name not in known:
-            raise StackError(
+            raise ManifestKeyError(
+                ("jit_cache",),
                 f"unknown FlashInfer JIT module {name!r}",
-                file=doc.path,
-                key="jit_cache",
-                line=doc.line_of(("jit_cache",)),
-                hint=f"known modules: {', '.join(sorted(known))}, and any name of the families "
+                f"known modules: {', '.join(sorted(known))}, and any name of the families "
                 f"{', '.join(sorted(known.families))} (knowledge/flashinfer_modules.yaml)",
             )
     # Appended last, so a stack whose presets already list them keeps its order.
@@ -309,47 +321,42 @@ def _expand_modules(
     return tuple(dict.fromkeys(modules))
 
 
-def _check_reserved_env(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+def _check_reserved_env(stack: ResolvedStack) -> None:
     """Arch variables are derived; a manifest spelling them would be a second source of truth."""
     for key in stack.manifest.env:
         if key in stack.arch.env or key in ("MAX_JOBS", "FLASHINFER_NVCC_THREADS"):
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 ("env", key),
                 f"{key} is derived by the builder and cannot be set in env",
                 "list target GPUs under `gpus:` and build settings under `build:`",
             )
 
 
-def _check_patches(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+def _check_patches(stack: ResolvedStack) -> None:
     patches_dir = (stack.repo_root / "patches").resolve()
-    _check_distinct_names(docs, ("patches",), [p.file for p in stack.manifest.patches], "file")
+    _check_distinct_names(("patches",), [p.file for p in stack.manifest.patches], "file")
     for index, patch in enumerate(stack.manifest.patches):
         path = stack.local_file(patch.file).resolve()
         if not path.is_relative_to(patches_dir):
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 ("patches", index, "file"),
                 f"patch {patch.file} is outside the repository's patches/ folder",
                 "keep patch files under patches/",
             )
         if not path.is_file():
-            raise error_at(
-                docs, ("patches", index, "file"), f"patch file {patch.file} does not exist"
+            raise ManifestKeyError(
+                ("patches", index, "file"), f"patch file {patch.file} does not exist"
             )
         actual = hashlib.sha256(path.read_bytes()).hexdigest()
         if actual != patch.sha256:
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 ("patches", index, "sha256"),
                 f"patch {patch.file} has sha256 {actual}, the manifest says {patch.sha256}",
                 "if the patch changed on purpose, update sha256 in the manifest",
             )
 
 
-def _check_distinct_names(
-    docs: list[YamlDocument], key: tuple[str, ...], files: list[str], field: str | None = None
-) -> None:
+def _check_distinct_names(key: tuple[str, ...], files: list[str], field: str | None = None) -> None:
     """The build context keeps these files by name alone: two of one name would overwrite each
     other there, and the build would fail at its sha256 check or patch step, hours in."""
     seen: dict[str, int] = {}
@@ -357,8 +364,7 @@ def _check_distinct_names(
         name = Path(file).name
         if name in seen:
             where = (*key, index, *((field,) if field else ()))
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 where,
                 f"{file} has the same file name as entry {seen[name]} ({files[seen[name]]})",
                 "give each file a name of its own",
@@ -386,21 +392,19 @@ def local_wheels(stack: ResolvedStack) -> list[Path]:
     return paths
 
 
-def _check_template(stack: ResolvedStack, docs: list[YamlDocument]) -> None:
+def _check_template(stack: ResolvedStack) -> None:
     template = stack.manifest.build.template
     if template is None:
         return
     path = REPO_ROOT / "templates" / template  # where render's templates live
     if not path.is_file():
-        raise error_at(
-            docs,
+        raise ManifestKeyError(
             ("build", "template"),
             f"template {template} does not exist under templates/",
             'write templates/overrides/NAME.j2 starting with {% extends "Dockerfile.j2" %}',
         )
     if '{% extends "Dockerfile.j2" %}' not in path.read_text(errors="replace"):
-        raise error_at(
-            docs,
+        raise ManifestKeyError(
             ("build", "template"),
             f"templates/{template} does not extend Dockerfile.j2",
             'start it with {% extends "Dockerfile.j2" %} and override only the blocks it changes',

@@ -19,9 +19,8 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from builder.errors import StackError
 from builder.knowledge.jitmodules import ArgValue, jit_modules_known
-from builder.knowledge.loader import error_at
+from builder.knowledge.loader import ManifestKeyError
 from builder.knowledge.routes import (
     ROUTES_FILE,
     RoutesFile,
@@ -30,7 +29,6 @@ from builder.knowledge.routes import (
     fact_name,
 )
 from builder.knowledge.text import KvCacheDtype
-from builder.knowledge.yamlsafe import YamlDocument
 from builder.manifest.model import Manifest
 from builder.vllmcli.serveflags import command_options
 from builder.vllmcli.vllm_argv import (
@@ -69,11 +67,11 @@ class ServePath:
         }
 
 
-class NoRoute(StackError):
+class NoRoute(ManifestKeyError):
     """The stack's vLLM version is one no route covers (derive_serve_path)."""
 
 
-def check_serve_args(manifest: Manifest, docs: list[YamlDocument]) -> None:
+def check_serve_args(manifest: Manifest) -> None:
     """Refuse what in serve.extra_args would make the server differ from what `check` reads: an
     option the serve command already passes from a typed serve setting (serveflags.SERVE_FLAGS),
     read with vLLM's parser's rules (vllm_argv), and an attention backend named there at all
@@ -94,8 +92,7 @@ def check_serve_args(manifest: Manifest, docs: list[YamlDocument]) -> None:
             if spelled != option
             else ""
         )
-        raise error_at(
-            docs,
+        raise ManifestKeyError(
             ("serve", "extra_args", index),
             f"{arg}: the serve command passes {option} itself, from the typed serve settings "
             f"(builder/vllmcli/serveflags.py){abbreviated}; the server would run with whichever "
@@ -104,10 +101,9 @@ def check_serve_args(manifest: Manifest, docs: list[YamlDocument]) -> None:
             options[option],
         )
     if serve.engine == "vllm":
-        named = _extra_args_backend(manifest, docs)
+        named = _extra_args_backend(manifest)
         if named is not None:
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 ("serve", "extra_args", named.index),
                 f"{named.spelled}: the attention backend is a typed serve setting",
                 f"write serve.attention_backend: {named.backend} (and drop it from "
@@ -115,7 +111,7 @@ def check_serve_args(manifest: Manifest, docs: list[YamlDocument]) -> None:
             )
 
 
-def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath | None:
+def derive_serve_path(manifest: Manifest) -> ServePath | None:
     """The stack's serve path, or None where it serves with no vLLM (another engine, or no vllm
     pin). Errors point at the manifest key to add or change: a vLLM version no route covers is
     one, since its sampler and attention modules would silently go unbuilt."""
@@ -130,24 +126,21 @@ def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath
         (v for v in routes.versions if Version(pin.version) in SpecifierSet(v.vllm)), None
     )
     if version is None:
-        found = error_at(
-            docs,
+        raise NoRoute(
             ("python", pin_key, "vllm"),
             f"no route in knowledge/{ROUTES_FILE} covers vllm {pin.version}: add one (what its "
             "FlashInfer backend and sampler build) or pin a covered version",
             f"covered: {', '.join(v.vllm for v in routes.versions)}; without a route, the "
             "FlashInfer modules its server loads (sampler, attention) would compile at serve time",
         )
-        raise NoRoute(found.message, found.file, found.key, found.line, found.hint)
     kv_cache_dtype = _kv_cache_dtype(manifest, version)
     option = _backend_option(manifest)
     backend, backend_from = _backend(manifest, version, kv_cache_dtype, option)
-    sampler = _sampler_on(manifest, version, routes, docs)
+    sampler = _sampler_on(manifest, version, routes)
     modules: list[str] = list(routes.sampler.modules) if sampler else []
     if backend == FLASHINFER:
         if version.flashinfer_not_derived:
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 _backend_key(manifest, option),
                 f"vLLM {pin.version} serves attention with FlashInfer here ({backend_from}); "
                 f"{version.flashinfer_not_derived}",
@@ -155,9 +148,9 @@ def derive_serve_path(manifest: Manifest, docs: list[YamlDocument]) -> ServePath
                 "version's FlashInfer backend and add its modules to "
                 "knowledge/attention_routes.yaml",
             )
-        facts = _Facts(manifest, docs, routes, pin.version, backend_from, kv_cache_dtype)
+        facts = _Facts(manifest, routes, pin.version, backend_from, kv_cache_dtype)
         modules += _flashinfer_modules(
-            manifest, version, routes, facts, kv_cache_dtype, docs, _backend_key(manifest, option)
+            manifest, version, routes, facts, kv_cache_dtype, _backend_key(manifest, option)
         )
     return ServePath(
         vllm=pin.version,
@@ -179,12 +172,12 @@ def _kv_cache_dtype(manifest: Manifest, version: RouteVersion) -> KvCacheDtype:
     return asked
 
 
-def _extra_args_backend(manifest: Manifest, docs: list[YamlDocument]) -> BackendOption | None:
+def _extra_args_backend(manifest: Manifest) -> BackendOption | None:
     """attention_backend_option over the stack's serve.extra_args, its errors located there."""
     try:
         return attention_backend_option(manifest.serve.extra_args)
     except ExtraArgError as exc:
-        raise error_at(docs, ("serve", "extra_args", exc.index), exc.message, exc.hint) from None
+        raise ManifestKeyError(("serve", "extra_args", exc.index), exc.message, exc.hint) from None
 
 
 def _backend_option(manifest: Manifest) -> BackendOption | None:
@@ -226,9 +219,7 @@ def _backend(
     )
 
 
-def _sampler_on(
-    manifest: Manifest, version: RouteVersion, routes: RoutesFile, docs: list[YamlDocument]
-) -> bool:
+def _sampler_on(manifest: Manifest, version: RouteVersion, routes: RoutesFile) -> bool:
     """Whether vLLM samples with FlashInfer: the variable as vLLM reads it, bool(int(value))."""
     value = manifest.env.get(routes.sampler.env)
     if value is None:
@@ -236,8 +227,7 @@ def _sampler_on(
     try:
         return bool(int(value))
     except ValueError:
-        raise error_at(
-            docs,
+        raise ManifestKeyError(
             ("env", routes.sampler.env),
             f"{routes.sampler.env}={value!r}: vLLM reads it as an integer (bool(int(value))) "
             "and fails at start on anything else",
@@ -253,13 +243,12 @@ class _Facts:
     def __init__(
         self,
         manifest: Manifest,
-        docs: list[YamlDocument],
         routes: RoutesFile,
         vllm: str,
         backend_from: str,
         kv_cache_dtype: KvCacheDtype,
     ) -> None:
-        self.manifest, self.docs, self.routes = manifest, docs, routes
+        self.manifest, self.routes = manifest, routes
         self.why = f"vLLM {vllm} serves attention with FlashInfer here ({backend_from})"
         self.kv_cache_dtype = kv_cache_dtype
 
@@ -272,8 +261,7 @@ class _Facts:
             return (self._dtype() if kv == "model" else kv,)
         if fact == "head_dim":
             if model.head_dim is None:
-                raise error_at(
-                    self.docs,
+                raise ManifestKeyError(
                     ("serve", "model", "head_dim"),
                     f"{self.why}, whose JIT modules are built per head dimension: the manifest "
                     "gives none",
@@ -296,8 +284,7 @@ class _Facts:
     def _dtype(self) -> str:
         dtype = self.manifest.serve.dtype
         if dtype is None or dtype not in self.routes.model_dtypes:
-            raise error_at(
-                self.docs,
+            raise ManifestKeyError(
                 ("serve", "dtype"),
                 f"{self.why}, whose JIT modules are built per model dtype: serve.dtype is "
                 f"{dtype or 'unset'}",
@@ -313,7 +300,6 @@ def _flashinfer_modules(
     routes: RoutesFile,
     facts: _Facts,
     kv_cache_dtype: KvCacheDtype,
-    docs: list[YamlDocument],
     backend_key: tuple[str | int, ...],
 ) -> list[str]:
     """The attention modules the version's FLASHINFER backend builds for this stack: one per
@@ -330,8 +316,7 @@ def _flashinfer_modules(
         if entry.kv_cache_dtypes is not None and kv_cache_dtype not in entry.kv_cache_dtypes:
             continue
         if entry.not_derived is not None or entry.family is None:
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 backend_key,
                 f"{facts.why}; {entry.not_derived}",
                 "serve with a setting that keeps vLLM's FLASH_ATTN backend, or read that case "
@@ -344,8 +329,7 @@ def _flashinfer_modules(
             and Version(flashinfer.version) not in SpecifierSet(family.flashinfer)
         ):
             key = "overrides" if "flashinfer-python" in manifest.python.overrides else "packages"
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 ("python", key, "flashinfer-python"),
                 f"{facts.why}; the module family {entry.family} is read for flashinfer-python "
                 f"{family.flashinfer} only, and a name for {flashinfer.version} may not be the "

@@ -22,9 +22,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from pydantic import Field
 
-from builder.knowledge.loader import error_at, parse_document, read_knowledge
+from builder.knowledge.loader import ManifestKeyError, parse_document, read_knowledge
 from builder.knowledge.strict import Strict
-from builder.knowledge.yamlsafe import YamlDocument
 from builder.manifest.model import DRAFT_SETTINGS, Manifest, Speculative
 from builder.vllmcli.vllm_argv import speculative_config
 
@@ -108,7 +107,7 @@ def _vllm_pin(manifest: Manifest) -> tuple[str | None, str]:
     )
 
 
-def check_speculative(manifest: Manifest, docs: list[YamlDocument]) -> None:
+def check_speculative(manifest: Manifest) -> None:
     """Refuse a draft setting the pinned vLLM lacks, or a MoE backend it does not know: the
     server would stop at start parsing --speculative-config. Errors name the key, its line and
     what the version takes."""
@@ -122,8 +121,7 @@ def check_speculative(manifest: Manifest, docs: list[YamlDocument]) -> None:
     entry = _entry(vllm) if vllm is not None else None
     if entry is None:
         covered = ", ".join(v.vllm for v in _knowledge().versions)
-        raise error_at(
-            docs,
+        raise ManifestKeyError(
             ("serve", "speculative", named[0]),
             f"serve.speculative.{named[0]}: no entry of knowledge/{SPECULATIVE_FILE} covers "
             f"vllm {vllm or '(unpinned)'}, so whether its SpeculativeConfig has this key is "
@@ -133,8 +131,7 @@ def check_speculative(manifest: Manifest, docs: list[YamlDocument]) -> None:
         )
     for key in named:
         if key not in entry.keys:
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 ("serve", "speculative", key),
                 f"serve.speculative.{key}: vLLM {vllm}'s SpeculativeConfig has no {key} "
                 f"(knowledge/{SPECULATIVE_FILE}, read in {entry.read}); the server would refuse "
@@ -144,8 +141,7 @@ def check_speculative(manifest: Manifest, docs: list[YamlDocument]) -> None:
             )
     backend = spec.moe_backend
     if backend is not None and backend not in entry.moe_backends:
-        raise error_at(
-            docs,
+        raise ManifestKeyError(
             ("serve", "speculative", "moe_backend"),
             f"serve.speculative.moe_backend {backend!r}: vLLM {vllm} knows no such MoE backend "
             "(config/kernel.py MoEBackend)",

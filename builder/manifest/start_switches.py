@@ -19,9 +19,8 @@ from typing import Any, Literal
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from builder.knowledge.loader import error_at, parse_document, read_knowledge
+from builder.knowledge.loader import ManifestKeyError, parse_document, read_knowledge
 from builder.knowledge.strict import Strict
-from builder.knowledge.yamlsafe import YamlDocument
 from builder.manifest.model import Manifest
 from builder.manifest.servepath import FLASHINFER, ServePath
 from builder.vllmcli.vllm_argv import ExtraArgError, attention_config_value
@@ -134,9 +133,7 @@ class StartSwitches:
         }
 
 
-def start_switches(
-    manifest: Manifest, docs: list[YamlDocument], serve_path: ServePath | None
-) -> StartSwitches | None:
+def start_switches(manifest: Manifest, serve_path: ServePath | None) -> StartSwitches | None:
     """The stack's start switches; None where no entry of knowledge/serve_switches.yaml covers
     its vLLM (another engine, no vllm pin, a version not read)."""
     if serve_path is None:
@@ -144,8 +141,8 @@ def start_switches(
     version = _covering(_switches().versions, serve_path.vllm)
     if version is None:
         return None
-    _refuse_unread_env(manifest, docs, version, serve_path.vllm)
-    gate, gate_from = trtllm_gate(manifest, docs, version.gate)
+    _refuse_unread_env(manifest, version, serve_path.vllm)
+    gate, gate_from = trtllm_gate(manifest, version.gate)
     reached = serve_path.attention_backend == FLASHINFER
     env = manifest.env
     fixes = [
@@ -173,9 +170,7 @@ def _covering(versions: Sequence[Any], vllm: str) -> Any:
     return next((v for v in versions if Version(vllm) in SpecifierSet(v.vllm)), None)
 
 
-def _refuse_unread_env(
-    manifest: Manifest, docs: list[YamlDocument], version: _Version, vllm: str
-) -> None:
+def _refuse_unread_env(manifest: Manifest, version: _Version, vllm: str) -> None:
     """Exit 2 on a VLLM_* variable (or a retired switch) vLLM `vllm` does not read."""
     names = _covering(_env_names().versions, vllm)
     known = set(names.names) if names is not None else None
@@ -184,8 +179,7 @@ def _refuse_unread_env(
         unread = known is not None and name.startswith("VLLM_") and name not in known
         if instead is None and not unread:
             continue
-        raise error_at(
-            docs,
+        raise ManifestKeyError(
             ("env", name),
             f"vLLM {vllm} does not read {name} (knowledge/{ENV_NAMES_FILE}: no such name in "
             "the wheel): the switch it stands for is not set",
@@ -193,10 +187,10 @@ def _refuse_unread_env(
         )
 
 
-def trtllm_gate(manifest: Manifest, docs: list[YamlDocument], gate: _Gate) -> tuple[GateState, str]:
+def trtllm_gate(manifest: Manifest, gate: _Gate) -> tuple[GateState, str]:
     """(off/on/network, where the manifest says so). Setting it both ways is exit 2."""
     ways: list[tuple[GateState, tuple[str | int, ...], str]] = []
-    config = _config_value(manifest.serve.extra_args, gate.off_config_key, docs)
+    config = _config_value(manifest.serve.extra_args, gate.off_config_key)
     if config is not None:
         value, index = config
         state: GateState = "on" if value else "off"
@@ -213,8 +207,7 @@ def trtllm_gate(manifest: Manifest, docs: list[YamlDocument], gate: _Gate) -> tu
     first = ways[0]
     for other in ways[1:]:
         if other[0] != first[0]:
-            raise error_at(
-                docs,
+            raise ManifestKeyError(
                 other[1],
                 f"the TRT-LLM attention gate is set both ways: {first[2]} sets it {first[0]}, "
                 f"{other[2]} sets it {other[0]}",
@@ -233,23 +226,20 @@ def _nonzero(value: str | None) -> bool:
         return True  # vLLM would fail at start; treat as set so it is never silently open
 
 
-def _config_value(
-    args: Sequence[str], key: str, docs: list[YamlDocument]
-) -> tuple[bool, int] | None:
+def _config_value(args: Sequence[str], key: str) -> tuple[bool, int] | None:
     """The value vLLM's --attention-config ends up with for key (vllm_argv's one reader of its
     merge), as a switch, and the argument giving it; None where none sets it."""
     try:
         chosen = attention_config_value(args, key)
     except ExtraArgError as exc:
-        raise error_at(docs, ("serve", "extra_args", exc.index), exc.message, exc.hint) from None
+        raise ManifestKeyError(("serve", "extra_args", exc.index), exc.message, exc.hint) from None
     if chosen is None or chosen[0] is None:
         return None
     setting, index = chosen
     if isinstance(setting, str) and setting.lower() in ("true", "false"):
         setting = setting.lower() == "true"
     if not isinstance(setting, bool | int):
-        raise error_at(
-            docs,
+        raise ManifestKeyError(
             ("serve", "extra_args", index),
             f"{args[index]}: {key} takes true or false, vLLM refuses {setting!r} at start",
             f"write --attention-config.{key}=false",

@@ -119,6 +119,9 @@ class RenderedContext:
     #: context it was pinned from. The image keeps the hash its manifest and lock give on every
     #: machine; the bases it was built on are in its label (image.basepins).
     recipe_hash: str | None = None
+    #: role (build, runtime) -> the reference its stage's FROM names: the LockedStack's, decided
+    #: once there, so the steps that pin or check the bases read them here, not again.
+    bases: dict[str, str] = field(default_factory=dict)
 
     @property
     def dockerfile(self) -> str:
@@ -307,7 +310,8 @@ def render_locked(
             source, digests.sha256(source), source.stat().st_size, seen
         )
     files.update(_patch_files(stack, {p["file"] for p in ctx.jit_patches}))
-    return RenderedContext(stack=stack.name, files=files, copied=copied, lock=lock)
+    bases = {"build": locked.build_base, "runtime": locked.runtime_base}
+    return RenderedContext(stack=stack.name, files=files, copied=copied, lock=lock, bases=bases)
 
 
 def pinned_context(
@@ -322,10 +326,12 @@ def pinned_context(
     rendered's (RenderedContext.recipe_hash)."""
     if not pins:
         return rendered
-    lock = rendered.lock
-    build_base, runtime_base = (base_reference(stack, lock, r) for r in ("build", "runtime"))
+    build_base, runtime_base = rendered.bases["build"], rendered.bases["runtime"]
     ctx = _template_context(
-        stack, lock, pins.get(build_base, build_base), pins.get(runtime_base, runtime_base)
+        stack,
+        rendered.lock,
+        pins.get(build_base, build_base),
+        pins.get(runtime_base, runtime_base),
     )
     files = {**rendered.files, "Dockerfile": (_dockerfile(stack, ctx, templates_dir), REGULAR)}
     return replace(rendered, files=files, recipe_hash=rendered.content_hash())
