@@ -15,14 +15,17 @@ $H200_ROOT/caches), then judges what a random-weight model allows:
   on as the smoke sets it) and FlashInfer modules built during the start (none expected).
 
     python3 bench/h200_mtp.py unpack PARTS   # the bundle of bench/prepare_h200_mtp.sh
+    python3 bench/h200_mtp.py fi-build       # the serve spec's FlashInfer modules, before starts
     python3 bench/h200_mtp.py serve NAME [--spec FILE] [--sc JSON] [--env K=V]...
     python3 bench/h200_mtp.py collect       # results -> $OUT/h200-mtp.tar.xz, mtp-summary.jsonl
 
 `unpack` takes the folder the parts were copied into (bench/h200_vllm033.sh recv .gpu/pK, one
 call each): site.tar.zst.partNN concatenated through zstd (the machine's, else the zstd binary
-that travelled in p1 with its liblz4) into $H200_ROOT/site, the whole files (serve specs,
-fi.tar.xz, model.tar.xz) into $H200_ROOT/bundle, then the machine's CUDA library wheels linked
-in as bench/h200_serve.py does it.
+that travelled in the last part with its liblz4: the machine has none) into $H200_ROOT/site, the
+whole files (serve specs, model.tar.xz, a fi.tar.xz where one travelled) into $H200_ROOT/bundle,
+then the machine's CUDA library wheels linked in as bench/h200_serve.py does it. `fi-build`
+compiles the serve spec's FlashInfer modules there before any start, as the image build does,
+into bundle/fi (cached_ops/ and AOT copies), which every start then places as the image has it.
 
 --sc replaces the spec's --speculative-config value (the control: the same server without the
 draft's moe_backend). Raw output per start under $H200_ROOT/results-mtp: NAME.log (the
@@ -206,7 +209,7 @@ def serve(name: str, options: list[str]) -> int:
             server.kill()
         result["wall_s"] = round(time.monotonic() - began, 1)
         text = log.read_text(errors="replace")
-        sys.path.insert(0, str(Path.cwd()))
+        sys.path[:0] = [str(Path.cwd()), str(SITE)]  # the tool; pydantic and yaml from the site
         from builder.verify.compiles import find_compiles
 
         findings = find_compiles(text)
@@ -272,6 +275,39 @@ def unpack(parts: Path) -> int:
     return 0
 
 
+def fi_build() -> int:
+    """Compile the serve spec's FlashInfer modules before any start, as the image build does
+    (the CPU builder lacks curand.h and torch 2.14's CUDA libraries): into the spec's
+    workspace, then kept as bundle/fi/cached_ops and as FlashInfer AOT copies (bundle/fi/aot)."""
+    spec = json.loads((BUNDLE / "serve-spec.json").read_text())
+    env = {**os.environ, **spec["env"], "PYTHONPATH": str(SITE), "MAX_JOBS": "16"}
+    names = [str(n) for n in spec["jit_modules"]]
+    code = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    module = importlib.import_module(f'flashinfer.jit.{name}')\n"
+        "    spec = getattr(module, f'gen_{name}_module')()\n"
+        "    spec.build()\n"
+        "    print('built', spec.name, flush=True)\n"
+    )
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code, *names], env=env)
+    took = time.monotonic() - began
+    jit_dir = Path(str(spec["jit_dir"]))
+    fi = BUNDLE / "fi"
+    shutil.rmtree(fi, ignore_errors=True)
+    shutil.copytree(jit_dir, fi / "cached_ops")
+    for name in names:
+        (fi / "aot" / name).mkdir(parents=True)
+        shutil.copy2(jit_dir / name / f"{name}.so", fi / "aot" / name / f"{name}.so")
+    line = f"fi-build {names}: exit {done.returncode} in {took:.1f} s (MAX_JOBS=16)"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with (RESULTS / "unpack.txt").open("a") as sink:
+        sink.write(line + "\n")
+    print(line, flush=True)
+    return done.returncode
+
+
 def collect() -> int:
     out = Path(os.environ["OUT"])
     with tarfile.open(out / "h200-mtp.tar.xz", "w:xz") as tar:
@@ -285,6 +321,8 @@ def main(argv: list[str]) -> int:
         return serve(argv[1], argv[2:])
     if argv and argv[0] == "unpack" and len(argv) == 2:
         return unpack(Path(argv[1]))
+    if argv and argv[0] == "fi-build":
+        return fi_build()
     if argv and argv[0] == "collect":
         return collect()
     print(__doc__, file=sys.stderr)

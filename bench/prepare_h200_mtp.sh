@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # Gather what the MTP proof (issue 44) and the 0.33 egress proof (issue 33) need on the GPU
 # machine, which reaches no index and takes at most 64 MiB per call, the session checkout's
-# tracked tree (~12 MB) included. Output: $DEST/p1 ... $DEST/pN (an ignored folder of the
-# checkout the device tool sends), one carried per call, sent back to back.
+# tracked tree (~12.9 MB) included. Output: $DEST/p1 ... $DEST/pN (an ignored folder of the
+# checkout the device tool sends, e.g. /work/main/.gpu listed in .git/info/exclude), one carried
+# per call, sent back to back (the machine keeps /tmp only while warm, 30 s after a call).
 #
-#   WORK=/work/gpuwork-i44 DEST=/work/main/.gpu-i44 bench/prepare_h200_mtp.sh
+#   WORK=/work/gpuwork-i44 DEST=/work/main/.gpu bench/prepare_h200_mtp.sh
 #
 # As bench/prepare_h200_vllm033.sh (its site step: the lock's wheels for cp312 less what the
 # machine has, fatbin-stripped to sm_90 machine code, FA2 keeping its hd64 bf16 PTX), except:
-# - no built image: the FlashInfer module the 0.33 sm90 serve path loads (`sampling`, derived
-#   by `sm120-stacks show vllm-0.33-sm90`) is compiled here for 9.0a with the site's
-#   flashinfer-python and this machine's nvcc, under the serve spec's toolchain variables, into
-#   the workspace layout the image has (fi.tar.xz: cached_ops/, an empty aot/);
-# - the tool is the working tree (uncommitted work included), bench/ with it;
+# - zstd, not xz: `zstd -T2 -12 --long=27` of the 3.68 GB tree took 4.5 min on this 2-core
+#   builder under load (561 MB, 11 parts of 52 MB); xz -6 ran at 1.3 MB/s here (about 35 min;
+#   a 60 MB sample: xz -6 19.4 %, xz -3 21.2 %, zstd -12 23.1 % of input). The GPU machine has
+#   no zstd (its first call: `which zstd`), so this builder's /usr/bin/zstd (static libzstd)
+#   and its liblz4.so.1 ride in the last part; `h200_mtp.py unpack` uses them.
+# - no FlashInfer module is built here: torch 2.14 in the site cannot be imported on this
+#   builder (its CUDA library wheels stay behind) and this CUDA has no curand.h, which
+#   `sampling` includes. `h200_mtp.py fi-build` compiles it on the machine before any start
+#   (95.8 s at MAX_JOBS=16, bench/results/h200-mtp/unpack.txt), as the image build would.
+# - the tool is the working tree, which every call sends anyway: no snapshot travels;
 # - two models: tiny-llama (tests.support.tinymodel, the egress starts) and the random-weight
 #   NVFP4 NemotronH with MTP (tests.support.tinymtp);
 # - two serve specs: vllm-0.33-sm90 (serve-spec.json) and vllm-0.33-sm90-mtp (serve-spec-mtp.json).
@@ -23,11 +29,11 @@ cd "$root"
 work="${WORK:?WORK}"
 dest="${DEST:?DEST}"
 py312="${PY312:-python3.12}"
-part_bytes="${PART_BYTES:-50000000}"
+part_bytes="${PART_BYTES:-52000000}"   # + the 12.9 MB tree: under 64 MiB
 export PIP_CERT="${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}"
 
-# 1. site.tar.xz (the vllm-0.33-sm90 lock's packages, as prepare_h200_vllm033.sh makes it)
-if [[ ! -s "$work/site.tar.xz" ]]; then
+# 1. site.tar.zst (the vllm-0.33-sm90 lock's packages, as prepare_h200_vllm033.sh makes them)
+if [[ ! -s "$work/site.tar.zst" ]]; then
   wheels=()
   while read -r req; do
     name="${req%%==*}"; ver="${req##*==}"
@@ -61,43 +67,29 @@ if [[ ! -s "$work/site.tar.xz" ]]; then
     | tee "$work/strip.txt"
   find "$s" -name '*.so*' -type f ! -path '*/_vllm_fa2_C*' -print0 \
     | xargs -0 python3 bench/fatbin_strip.py --quiet | tee -a "$work/strip.txt"
-  tar -C "$s" -cf - . | xz -T2 -6 >"$work/site.tar.xz"
+  tar -C "$s" -cf - . | zstd -q -T2 -12 --long=27 -o "$work/site.tar.zst"
 fi
 
-# 2. serve specs (the working tree's), fi.tar.xz (sampling for 9.0a, compiled here)
+# 2. serve specs (the working tree's)
 PYTHONPATH="$root" .venv/bin/python bench/serve_spec.py vllm-0.33-sm90 >"$work/serve-spec.json"
 PYTHONPATH="$root" .venv/bin/python bench/serve_spec.py vllm-0.33-sm90-mtp >"$work/serve-spec-mtp.json"
-if [[ ! -s "$work/fi.tar.xz" ]]; then
-  ws="$work/fiws"
-  rm -rf "$ws" && mkdir -p "$ws"
-  # the spec's toolchain variables, so the build.ninja there is the one the machine's vLLM writes
-  env_args=()
-  while IFS= read -r kv; do env_args+=("$kv"); done < <(jq -r '.env | to_entries[] | "\(.key)=\(.value)"' "$work/serve-spec.json")
-  ( time env "${env_args[@]}" FLASHINFER_WORKSPACE_BASE="$ws" MAX_JOBS=2 PYTHONPATH="$work/site" \
-      FLASHINFER_JIT_VERBOSE=1 "$py312" -c 'from flashinfer.jit.sampling import gen_sampling_module as g; s = g(); s.build(); print(s.name)' ) \
-      >"$work/fi-build.log" 2>&1
-  ops="$(dirname "$(find "$ws" -name sampling.so | head -1)")/.."
-  rm -rf "$work/fi" && mkdir -p "$work/fi/aot" && cp -r "$ops" "$work/fi/cached_ops"
-  tar -C "$work/fi" -cJf "$work/fi.tar.xz" .
-fi
 
-# 3. models, tool
+# 3. models
 rm -rf "$work/model" && mkdir -p "$work/model"
 PYTHONPATH="$root" .venv/bin/python -m tests.support.tinymodel --vllm "$work/model/tiny-llama"
 PYTHONPATH="$root" .venv/bin/python -m tests.support.tinymtp "$work/model"
 tar -C "$work/model" -cJf "$work/model.tar.xz" tiny-llama tiny-nemotronh-mtp-nvfp4
-tar -C "$root" --exclude=__pycache__ -cJf "$work/tool.tar.xz" builder knowledge stacks templates patches bench/h200_serve.py bench/h200_mtp.py bench/h200_egress.sh bench/h200_vllm033.sh bench/serve_spec.py
 
-# 4. the parts: site split; the small files ride in the last part
+# 4. the parts: site split; the small files and the zstd binary ride in the last part
 rm -rf "$dest" && mkdir -p "$dest"
-rm -f "$work"/site.tar.xz.part*
-split -b "$part_bytes" -d -a 2 "$work/site.tar.xz" "$work/site.tar.xz.part"
+rm -f "$work"/site.tar.zst.part*
+split -b "$part_bytes" -d -a 2 "$work/site.tar.zst" "$work/site.tar.zst.part"
 i=0
-for p in "$work"/site.tar.xz.part*; do i=$((i + 1)); mkdir -p "$dest/p$i"; mv "$p" "$dest/p$i/"; done
-smalls=("$work"/fi.tar.xz "$work"/model.tar.xz "$work"/tool.tar.xz "$work"/serve-spec.json
-        "$work"/serve-spec-mtp.json "$work"/fa2-keep.txt)
+for p in "$work"/site.tar.zst.part*; do i=$((i + 1)); mkdir -p "$dest/p$i"; mv "$p" "$dest/p$i/"; done
+smalls=("$work"/model.tar.xz "$work"/serve-spec.json "$work"/serve-spec-mtp.json
+        "$(command -v zstd)" "$(ldd "$(command -v zstd)" | awk '/liblz4/ {print $3}')")
 if (( $(du -cb "$dest/p$i" "${smalls[@]}" | tail -1 | cut -f1) > part_bytes + 2000000 )); then
   i=$((i + 1)); mkdir -p "$dest/p$i"
 fi
 cp "${smalls[@]}" "$dest/p$i/"
-du -sb "$dest"/* | tee "$work/parts.txt"
+du -sb "$dest"/* | sort -V | tee "$work/parts.txt"
