@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -27,7 +27,7 @@ from builder.engine.mounts import SYNTAX, parse_mount
 from builder.engine.progress import Say
 from builder.engine.protocol import Engine
 from builder.errors import EngineError, OperationFailed, StackError
-from builder.evidence.keys import SigningKey
+from builder.evidence.keys import PublicKey, SigningKey
 from builder.image.cabundle import resolve_ca_bundle
 from builder.manifest.checkpoint import check_checkpoint
 from builder.manifest.resolve import ResolvedStack
@@ -37,6 +37,9 @@ from builder.verify.kernel_watch import container_watch, directory_watch
 from builder.verify.report import CacheRow, TestReport
 from builder.verify.smoke_report import format_table
 from builder.verify.validate import SmokeRunner, validate
+
+if TYPE_CHECKING:
+    from builder.image.registry import Registry
 
 #: The host's model folder for `test`, as `make stack MODELS=DIR` hands it over.
 MODELS_ENV = "SM120_STACKS_MODELS"
@@ -426,6 +429,25 @@ def _parse_registry(registry: str | None) -> None:
     Registry.parse(registry)
 
 
+def _index_signers(
+    settings: Settings, target: Registry, digest: str, signer: SigningKey | None
+) -> list[PublicKey]:
+    """The keys whose index `smoke --record` builds its next version on (evidence/index.py):
+    those the hosts' policy trusts, or where there is none the key first use would trust
+    (the build key; nothing is written)."""
+    from builder.evidence.firstuse import learn
+    from builder.evidence.index import index_signers
+    from builder.evidence.oci import ArtifactStore
+    from builder.evidence.trust import host_policy, policy_path
+
+    if signer is None:
+        return []
+    policy = host_policy(settings.hosts_dir)
+    if policy is None:
+        policy = learn(ArtifactStore(target), digest, policy_path(settings.hosts_dir)).policy()
+    return index_signers(policy)
+
+
 @dataclass(frozen=True)
 class _Served:
     """The server smoked: its URL, the image named for it (--image), its GPU kind."""
@@ -482,7 +504,15 @@ def _record_served(
         )
     verdict = served_verdict(stack, report, facts, "smoke --url", gpu_kind)
     local = load_record(settings.build_dir, stack.name, content_hash)
-    attached = attach_served(target, evidence.digest, local, verdict, report, signer)
+    attached = attach_served(
+        target,
+        evidence.digest,
+        local,
+        verdict,
+        report,
+        signer,
+        _index_signers(settings, target, evidence.digest, signer),
+    )
     local.add_served(verdict)
     save_record(settings.build_dir, local)
     state = "passed" if verdict.passed else "failed"

@@ -28,7 +28,8 @@ from builder.evidence.documents import (
     ProvenanceInputs,
     SbomInputs,
 )
-from builder.evidence.keys import SigningKey, public_pem
+from builder.evidence.index import publish_next
+from builder.evidence.keys import PublicKey, SigningKey, public_pem
 from builder.evidence.oci import ArtifactStore, Descriptor
 from builder.evidence.signing import ENVELOPE_MEDIA_TYPE, seal
 from builder.image.names import local_ref
@@ -101,7 +102,8 @@ def attach_evidence(
     signer: SigningKey | None = None,
 ) -> list[Descriptor]:
     """The verdict document, SBOM and provenance of the image pushed as digest_ref, each a
-    DSSE envelope signed by signer (the build key) where given (evidence/signing.py)."""
+    DSSE envelope signed by signer (the build key) where given (evidence/signing.py), and
+    then the signed index listing them (evidence/index.py: version 1 on a first push)."""
     store = ArtifactStore(registry)
     digest = imageref.digest_of(digest_ref)
     subject = store.image(digest)
@@ -125,6 +127,11 @@ def attach_evidence(
         layer_type, body = _signed(kind, media_type, payload, registry, digest, signer)
         annotations.update(_signer_annotation(signer))
         pushed.append(store.attach(subject, media_type, layer_type, body, annotations))
+    if signer is not None:
+        kinds = ("verdict", "sbom", "provenance")
+        listed = list(zip(pushed, kinds, strict=True))
+        how = {TRANSPORT_ANNOTATION: store.transport}
+        pushed.append(publish_next(store, subject, listed, signer, [], how))
     return pushed
 
 
@@ -212,9 +219,12 @@ def attach_served(
     verdict: ServedVerdict,
     report: dict[str, Any],
     signer: SigningKey | None = None,
+    index_signers: list[PublicKey] | None = None,
 ) -> Descriptor:
     """A served verdict from a deployed host, as one more verdict document of the image,
-    signed by signer (the operator's key) where given."""
+    signed by signer (the operator's key) where given, and then the next version of the
+    image's signed index (evidence/index.py), built on the newest one signed by signer or
+    one of index_signers (the keys the recording host's policy trusts)."""
     store = ArtifactStore(registry)
     subject = store.image(digest)
     one = record.model_copy(update={"served": [verdict], "static": None, "unserved": None})
@@ -228,7 +238,11 @@ def attach_served(
         "verdict", VERDICT_TYPE, documents.canonical(document), registry, digest, signer
     )
     annotations.update(_signer_annotation(signer))
-    return store.attach(subject, VERDICT_TYPE, layer_type, body, annotations)
+    attached = store.attach(subject, VERDICT_TYPE, layer_type, body, annotations)
+    if signer is not None:
+        how = {TRANSPORT_ANNOTATION: store.transport}
+        publish_next(store, subject, [(attached, "verdict")], signer, index_signers or [], how)
+    return attached
 
 
 def _signer_annotation(signer: SigningKey | None) -> dict[str, str]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.evidence.firstuse import learn, write_learned
+from builder.evidence.index import refuse_rollback, remember
 from builder.evidence.oci import ArtifactStore
 from builder.evidence.reader import Evidence, read_evidence
 from builder.evidence.trust import TrustPolicy, host_policy, policy_path
@@ -56,6 +57,7 @@ def relied_evidence(
             allow_unsigned=allow_unsigned,
             store=store,
         )
+        _fresh(hosts_dir, evidence)
         return Relied(evidence, policy, _ignored(evidence))
     store = store or ArtifactStore(registry)
     tag = reference or (content_tag(stack, content_hash) if content_hash else stack)
@@ -69,7 +71,9 @@ def relied_evidence(
         allow_unsigned=allow_unsigned,
         store=store,
     )
+    refuse_rollback(hosts_dir, evidence.ref, evidence.index_version)
     said = write_learned(learned, evidence.signed_by, tool)
+    remember(hosts_dir, evidence.ref, evidence.index_version)
     if not said:
         said = [
             f"no trust policy ({policy_path(hosts_dir)}) and no signed evidence: relied on "
@@ -79,14 +83,30 @@ def relied_evidence(
     return Relied(evidence, learned.policy(), said, first_use=bool(evidence.signed_by))
 
 
+def _fresh(hosts_dir: Path, evidence: Evidence) -> None:
+    """Freshness (the TUF snapshot idea, evidence/index.py): an index older than the newest
+    this hosts folder relied on for the image, or none where one was, is a rollback and
+    refused; a newer one is remembered."""
+    refuse_rollback(hosts_dir, evidence.ref, evidence.index_version)
+    remember(hosts_dir, evidence.ref, evidence.index_version)
+
+
 def _ignored(evidence: Evidence) -> list[str]:
-    """The unsigned extras beside signed evidence, named (a registry writer's, most likely)."""
-    if not evidence.ignored:
-        return []
-    return [
-        f"ignored {len(evidence.ignored)} unsigned document(s) beside the signed evidence of "
-        f"{evidence.digest[:19]} (not relied on): {', '.join(evidence.ignored)}"
-    ]
+    """The unsigned extras beside signed evidence, and what its signed index does not list,
+    named (a registry writer's, most likely)."""
+    said = []
+    if evidence.ignored:
+        said.append(
+            f"ignored {len(evidence.ignored)} unsigned document(s) beside the signed evidence "
+            f"of {evidence.digest[:19]} (not relied on): {', '.join(evidence.ignored)}"
+        )
+    if evidence.unlisted:
+        said.append(
+            f"ignored {len(evidence.unlisted)} document(s) that the signed index (version "
+            f"{evidence.index_version}) of {evidence.digest[:19]} does not list, or indexes "
+            f"no trusted key signed (not relied on): {', '.join(evidence.unlisted)}"
+        )
+    return said
 
 
 __all__ = ["Relied", "relied_evidence"]

@@ -30,6 +30,12 @@ from builder.evidence.documents import (
     VerdictDocument,
     sbom_summary,
 )
+from builder.evidence.index import (
+    INDEX_TYPE,
+    index_signers,
+    read_indexes,
+    refuse_incomplete,
+)
 from builder.evidence.keys import PublicKey, published_key
 from builder.evidence.oci import ArtifactStore, Descriptor, ManifestUnknown
 from builder.evidence.signing import ENVELOPE_MEDIA_TYPE
@@ -66,6 +72,11 @@ class Evidence:
     #: Unsigned documents beside signed evidence, not relied on ("KIND DIGEST"): a registry
     #: writer's extra stops nothing, and is named.
     ignored: list[str] = field(default_factory=list)
+    #: The version of the newest signed index relied on (evidence/index.py); None: none.
+    index_version: int | None = None
+    #: Documents and indexes beside a signed index that it does not list, or that no trusted
+    #: key signed ("KIND DIGEST ..."): not relied on, named.
+    unlisted: list[str] = field(default_factory=list)
 
     @property
     def ref(self) -> str:
@@ -101,6 +112,8 @@ class Evidence:
             "signed_by": self.signed_by,
             "unsigned": self.unsigned,
             "ignored": self.ignored,
+            "index_version": self.index_version,
+            "unlisted": self.unlisted,
         }
 
 
@@ -136,6 +149,7 @@ def read_evidence(
     verdicts: list[VerdictDocument] = []
     signed: set[int] = set()  # the verdicts that came signed: they outrank unsigned ones
     evidence = Evidence(repository, image.digest, found_by, stack, "")
+    listed = _listed(store, evidence, artifacts, trust)
     for descriptor in artifacts:
         manifest = store.manifest(descriptor)
         subject = (manifest.get("subject") or {}).get("digest")
@@ -149,8 +163,13 @@ def read_evidence(
             raise _refused(image.digest, f"artifact {descriptor.digest} has {len(layers)} layers")
         layer = Descriptor.of(layers[0])
         kind = manifest.get("artifactType") or descriptor.artifact_type
+        if kind == INDEX_TYPE:
+            continue  # read by _listed
         if _unsigned_extra(str(kind), layer, trust, allow_unsigned):
             evidence.ignored.append(f"{_KINDS[str(kind)]} {descriptor.digest}")
+            continue
+        if _unlisted(str(kind), layer, descriptor, listed):
+            evidence.unlisted.append(f"{_KINDS[str(kind)]} {descriptor.digest}")
             continue
         published = _published(manifest, descriptor)
         opened = _open(
@@ -190,6 +209,26 @@ def read_evidence(
         _require_all(evidence, trust)
     _merge(evidence, verdicts, content_hash, signed)
     return evidence
+
+
+def _listed(
+    store: ArtifactStore,
+    evidence: Evidence,
+    artifacts: list[Descriptor],
+    trust: TrustPolicy | None,
+) -> set[str] | None:
+    """Under a policy, the documents the newest trusted index lists (refused where one is
+    gone from the registry); None where no trusted index is (evidence pushed before indexes,
+    or with no policy: then every document is read, as before)."""
+    if trust is None:
+        return None
+    view = read_indexes(store, evidence.digest, artifacts, index_signers(trust))
+    if view.newest is None:
+        return None
+    refuse_incomplete(view.newest, (a.digest for a in artifacts), evidence.ref)
+    evidence.index_version = view.newest.version
+    evidence.unlisted += view.ignored
+    return set(view.newest.documents)
 
 
 #: The kind of each evidence artifact, as evidence/signing.py names predicates.
@@ -234,6 +273,20 @@ def _unsigned_extra(
         and not allow_unsigned
         and artifact_type in _KINDS
         and layer.media_type != ENVELOPE_MEDIA_TYPE
+    )
+
+
+def _unlisted(
+    artifact_type: str, layer: Descriptor, descriptor: Descriptor, listed: set[str] | None
+) -> bool:
+    """A signed evidence document the newest trusted index does not list: a writer's, even
+    one signed by its own key, never relied on and not read. (Unsigned ones are ignored as
+    unsigned, or relied on with --allow-unsigned as before: a signature never outranks.)"""
+    return (
+        listed is not None
+        and artifact_type in _KINDS
+        and layer.media_type == ENVELOPE_MEDIA_TYPE
+        and descriptor.digest not in listed
     )
 
 

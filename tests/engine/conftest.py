@@ -90,8 +90,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 #: What trust on first use writes into a hosts folder (evidence/firstuse.py): trust.yaml and
-#: the public keys beside it.
-TRUST_FILES = ("trust.yaml", "keys")
+#: the public keys beside it; and the evidence index versions relied on (evidence/index.py).
+TRUST_FILES = ("trust.yaml", "keys", "evidence-versions.json")
 
 
 @pytest.fixture(autouse=True)
