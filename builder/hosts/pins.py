@@ -19,6 +19,7 @@ import yaml
 
 from builder.engine.mounts import DEFAULT_MODELS
 from builder.errors import StackError
+from builder.evidence.trust import POLICY_FILE
 from builder.files import write_atomic
 from builder.hosts.pin_making import (
     CACHE_ENV,
@@ -85,7 +86,7 @@ def load_pin(hosts_dir: Path, host: str) -> Pin:
     """The pin of host; unknown host or a malformed file is a StackError with file and key."""
     path = pin_path(hosts_dir, host)
     if not path.is_file():
-        known = sorted(p.stem for p in hosts_dir.glob("*.yaml")) if hosts_dir.is_dir() else []
+        known = sorted(p.stem for p in _pin_files(hosts_dir)) if hosts_dir.is_dir() else []
         raise StackError(
             f"no pin for host {host!r} in {hosts_dir}",
             key="HOST",
@@ -197,7 +198,13 @@ def pinned_hosts(hosts_dir: Path) -> list[str]:
     """Every host with a pin in hosts_dir, sorted."""
     if not hosts_dir.is_dir():
         return []
-    return sorted(p.stem for p in hosts_dir.glob("*.yaml") if HOST_NAME.match(p.stem))
+    return sorted(p.stem for p in _pin_files(hosts_dir) if HOST_NAME.match(p.stem))
+
+
+def _pin_files(hosts_dir: Path) -> list[Path]:
+    """The hosts folder's YAML files but its trust policy (trust.yaml, which trust on first
+    use writes there: it is no host's pin)."""
+    return [p for p in hosts_dir.glob("*.yaml") if p.name != POLICY_FILE]
 
 
 def _without_time(text: str) -> str:

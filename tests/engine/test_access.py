@@ -39,6 +39,7 @@ def test_a_keyed_pin_answers_only_the_key_and_reads_models_read_only(
     models: dict[str, Path],
     api: Any,
     tmp_path: Path,
+    tiny_signing_key: Path,
 ) -> None:
     from builder.manifest.resolve import resolve
     from builder.render.context import render
@@ -58,7 +59,9 @@ def test_a_keyed_pin_answers_only_the_key_and_reads_models_read_only(
     )
     record.tests, record.static, record.served = "passed", "passed", [verdict]
     save_record(workspace / "build", record)
-    cli_process("push", name, "--registry", registry.host)
+    # signed: with no trust.yaml, `pin` trusts the build key on first use and refuses
+    # unsigned evidence (issue 43)
+    cli_process("push", name, "--registry", registry.host, "--signing-key", str(tiny_signing_key))
     key_file = tmp_path / "host.key"
     key_file.write_text(KEY + "\n")
     key_file.chmod(0o644)  # read by the container's user

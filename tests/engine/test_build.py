@@ -89,6 +89,11 @@ def _executed_steps(log: str) -> str:
     return "\n".join(t for k, t in titles.items() if k not in cached)
 
 
+#: The packages stage's install of requirements/all.txt (uv since issue 46), as BuildKit titles it.
+UV_PACKAGES_STEP = re.compile(
+    r"uv pip install --python /opt/venv/bin/python (\S+ )*"
+    r"-r /opt/sm120-stacks/requirements/all\.txt"
+)
 #: BuildKit's line for the packages stage's pip step (its number depends on the stage's shape).
 PACKAGES_PIP_STEP = re.compile(r"\[packages \d+/\d+\] RUN ")
 
@@ -176,10 +181,11 @@ def test_secrets_are_in_no_layer_and_no_history(
     assert scanned > image.attrs["Size"] // 2, "the whole image should have been read"
     history = json.dumps(image.history()) + json.dumps(image.attrs)
     assert proxy_ca[1] not in history and token not in history
-    # The secrets were really in use: the pip step ran (it cannot reach PyPI through the proxy
-    # without the CA) in this build rather than coming from the cache.
+    # The secrets were really in use: the packages step ran (it cannot reach PyPI through the
+    # proxy without the CA) in this build rather than coming from the cache. Since issue 46
+    # that step installs through uv (templates/stages/uv.j2), the same secrets mounted.
     log = next((workspace / "build" / name / "logs").glob("*.log")).read_text()
-    assert "pip install -r /opt/sm120-stacks/requirements/all.txt" in _executed_steps(log)
+    assert UV_PACKAGES_STEP.search(_executed_steps(log)), _executed_steps(log)
 
 
 class _ChunkStream(io.RawIOBase):

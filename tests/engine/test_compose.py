@@ -116,7 +116,11 @@ def _composed_up(compose: list[str], file: Path, api: Any, host: str) -> Iterato
 
 
 def _tested_and_pushed(
-    cli_process: Callable[..., Any], workspace: Path, name: str, registry: Registry
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    name: str,
+    registry: Registry,
+    signing_key: Path,
 ) -> tuple[str, ...]:
     """The variant recorded as tested (its CPU smoke), as `test` records it, then pushed;
     returns the registry-named tags the push left on the engine."""
@@ -137,7 +141,9 @@ def _tested_and_pushed(
     )
     record.tests, record.static, record.served = "passed", "passed", [verdict]
     save_record(workspace / "build", record)
-    cli_process("push", name, "--registry", registry.host)
+    # signed: with no trust.yaml, `pin` trusts the build key on first use and refuses
+    # unsigned evidence (issue 43)
+    cli_process("push", name, "--registry", registry.host, "--signing-key", str(signing_key))
     return registry.ref(content_tag(name, content_hash)), registry.ref(name)
 
 
@@ -151,9 +157,10 @@ def test_compose_runs_a_ci_mini_pin_with_its_named_cache_volume(
     models: dict[str, Path],
     api: Any,
     tmp_path: Path,
+    tiny_signing_key: Path,
 ) -> None:
     name = variant("compose-e2e", "env:\n  COMPOSE_TEST: '1'")
-    pushed_tags = _tested_and_pushed(cli_process, workspace, name, registry)
+    pushed_tags = _tested_and_pushed(cli_process, workspace, name, registry, tiny_signing_key)
     cache = f"sm120-compose-cache-{RUN}"
     port = free_port()
     hosts, out = tmp_path / "hosts", tmp_path / "out"

@@ -20,12 +20,13 @@ import pytest
 
 from builder.hosts.pins import LABEL_HOST, PIN_SCHEMA, Pin, write_pin
 from builder.image.registry import Registry
-from tests.engine.conftest import pushed_local_base
+from tests.engine.conftest import RUN, pushed_local_base
 from tests.support.net import free_port
 
 pytestmark = pytest.mark.engine
 
 HOSTS = ("fleet-a", "fleet-b")
+STACK = "fleet-test"
 #: One line (a pin's arguments hold no newline): /health answers 200, / the pin's VERSION.
 SERVER = (
     "import http.server as h, os; "
@@ -39,9 +40,18 @@ CRASH = "import sys; sys.exit(3)"
 
 
 @pytest.fixture(scope="module")
-def served_image(api: Any, engine: Any, registry: Registry) -> Iterator[str]:
-    """The local base image in the registry, by digest (what a pin names)."""
-    with pushed_local_base(api, engine, registry, "sm120-fleet-test/server") as image:
+def served_image(
+    api: Any, engine: Any, registry: Registry, tiny_signing_key: Path
+) -> Iterator[str]:
+    """The local base image in the registry, by digest (what a pin names), with evidence
+    signed by the session's build key: `deploy --apply` relies on signed evidence only, and
+    with no trust.yaml trusts its key on first use (issue 43). The repository is this run's
+    own, so no earlier run's evidence (another key's) sits beside it."""
+    from tests.support.signed_evidence import attach_evidence
+
+    repository = f"sm120-fleet-test-{RUN}/server"
+    with pushed_local_base(api, engine, registry, repository) as image:
+        attach_evidence(image, STACK, "0" * 64, tiny_signing_key)
         yield image
 
 
@@ -57,7 +67,7 @@ def fleet(
             {
                 "schema_version": PIN_SCHEMA,
                 "host": host,
-                "stack": "fleet-test",
+                "stack": STACK,
                 "content_hash": "0" * 64,
                 "image": served_image,
                 "pinned_at": "2026-11-30T00:00:00Z",

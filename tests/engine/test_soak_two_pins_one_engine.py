@@ -67,6 +67,26 @@ def served_image(api: Any, engine: Any, registry: Registry) -> Iterator[str]:
         yield image
 
 
+@pytest.fixture
+def trusted(served_image: str, workspace: Path, tiny_signing_key: Path) -> Iterator[None]:
+    """The image's evidence signed by the session's build key, and trust.yaml naming that key:
+    `deploy --apply` relies on signed evidence only (issue 43), and the two deploys here run at
+    once, where two first uses would race to write trust.yaml (the second is refused). The
+    conftest's fixture removes trust.yaml and the key afterwards."""
+    from tests.support.signed_evidence import attach_evidence, write_trust
+
+    stack = resolve(STACK, workspace / "stacks")
+    attach_evidence(
+        served_image, STACK, render(stack).content_hash(), tiny_signing_key, _verdicts()
+    )
+    write_trust(workspace / "hosts", tiny_signing_key, f"tiny-build-{RUN}", [SERVED_GPU, "cpu"])
+    yield
+
+
+def _verdicts() -> list[Any]:
+    return [served(), served("cpu")]
+
+
 def _pin(workspace: Path, host: str, image: str, port: int) -> Pin:
     """make_pin's pin of STACK for host, with what this machine cannot run swapped out."""
     stack = resolve(STACK, workspace / "stacks")
@@ -78,7 +98,7 @@ def _pin(workspace: Path, host: str, image: str, port: int) -> Pin:
         content_hash=content_hash,
         static="passed",
         pushed={REPO: f"{REPO}@{digest}"},
-        served=[served(), served("cpu")],
+        served=_verdicts(),
     )
     save_record(build, record)
     made = make_pin(
@@ -120,7 +140,9 @@ def _read(api: Any, image: str, volume: str, path: str) -> str:
 
 
 @pytest.fixture
-def two_pins(workspace: Path, served_image: str, api: Any) -> Iterator[list[tuple[Pin, int]]]:
+def two_pins(
+    workspace: Path, served_image: str, api: Any, trusted: None
+) -> Iterator[list[tuple[Pin, int]]]:
     pins = []
     for name in ("two-pins-a", "two-pins-b"):
         port = free_port()

@@ -73,3 +73,23 @@ def attach_evidence(
 ) -> None:
     for kind, payload in evidence_documents(image, stack, content_hash, served or []).items():
         attach_document(image, kind, payload, signer)
+
+
+def write_trust(hosts_dir: Path, signer: Path, name: str, served_on: list[str]) -> Path:
+    """hosts_dir/trust.yaml naming signer's public key (signer with .pub for .key, as `keys
+    generate` writes them) for builds and the served verdicts of served_on's GPU kinds: what
+    first use would write, for a test whose commands run at once (two first uses at once
+    refuse the second: evidence/firstuse.py). The policy file."""
+    import json
+
+    keys = hosts_dir / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    (keys / f"{name}.pub").write_bytes(signer.with_suffix(".pub").read_bytes())
+    document = {
+        "version": 1,
+        "keys": {name: f"keys/{name}.pub"},
+        "purposes": {"build": [name], "served": {kind: [name] for kind in served_on}},
+    }
+    policy = hosts_dir / "trust.yaml"
+    policy.write_text(json.dumps(document))  # JSON is YAML
+    return policy
