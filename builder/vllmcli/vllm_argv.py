@@ -215,17 +215,21 @@ def _json_or_text(value: str) -> Any:
         return value
 
 
-def _config_object(value: str, index: int) -> dict[str, Any]:
-    """An --attention-config JSON object; anything else is refused, as vLLM refuses it."""
+def _config_object(
+    value: str,
+    index: int,
+    option: str = "--attention-config",
+    example: str = """write it as '{"backend": "FLASHINFER"}', or use --attention-backend NAME""",
+) -> dict[str, Any]:
+    """A config option's JSON object (--attention-config, --speculative-config); anything else
+    is refused, as vLLM refuses it at start. example: the hint, in the option's own terms."""
     try:
         config = json.loads(value)
     except json.JSONDecodeError:
         config = None
     if not isinstance(config, dict):
         raise ExtraArgError(
-            index,
-            f"{value} is not a JSON object: vLLM's --attention-config refuses it at start",
-            """write it as '{"backend": "FLASHINFER"}', or use --attention-backend NAME""",
+            index, f"{value} is not a JSON object: vLLM's {option} refuses it at start", example
         )
     return config
 
@@ -289,16 +293,12 @@ def speculative_config(args: Sequence[str]) -> SpeculativeOption | None:
         if text == "None":  # optional_type(json.loads)
             whole = None
             continue
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError:
-            config = None
-        if not isinstance(config, dict):
-            raise ExtraArgError(
-                index,
-                f"{text} is not a JSON object: vLLM's --speculative-config refuses it at start",
-                """write it as '{"method": "mtp", "num_speculative_tokens": 1}'""",
-            )
+        config = _config_object(
+            text,
+            index,
+            "--speculative-config",
+            """write it as '{"method": "mtp", "num_speculative_tokens": 1}'""",
+        )
         whole = ({str(k).replace("-", "_"): v for k, v in config.items()}, index)
     if dotted:
         whole = (dotted, dotted_at)
