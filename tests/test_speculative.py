@@ -189,3 +189,17 @@ def test_propose_writes_a_set_remedy_into_the_serve_block() -> None:
     lines = settings_lines(base, [applied])
     assert lines[0] == "serve:"
     assert '  speculative: {"moe_backend": "triton"}' in lines
+
+
+@pytest.mark.parametrize("value", ["[1]", "mtp", "3"])
+def test_a_speculative_config_that_is_not_a_json_object_is_refused_naming_the_option(
+    value: str,
+) -> None:
+    """vLLM refuses a --speculative-config that is not a JSON object at start; the reader says
+    so with the option's own name and an example of the object it takes."""
+    from builder.vllmcli.vllm_argv import ExtraArgError, speculative_config
+
+    with pytest.raises(ExtraArgError) as refused:
+        speculative_config(["--speculative-config", value])
+    assert "--speculative-config refuses it" in str(refused.value)
+    assert refused.value.index == 1 and '"method": "mtp"' in refused.value.hint
