@@ -202,4 +202,4 @@ def test_a_speculative_config_that_is_not_a_json_object_is_refused_naming_the_op
     with pytest.raises(ExtraArgError) as refused:
         speculative_config(["--speculative-config", value])
     assert "--speculative-config refuses it" in str(refused.value)
-    assert refused.value.index == 1 and '"method": "mtp"' in refused.value.hint
+    assert refused.value.index == 0 and '"method": "mtp"' in refused.value.hint
