@@ -93,9 +93,12 @@ compose-v2:
 # The slowest tests with their times in build/test-durations.txt (a WARNING line there when the
 # engine tests' total passes its budget, tests/conftest.py), and every test's time in
 # build/test-junit.xml: `bench/test_time.py build/test-junit.xml` tabulates it by file.
+# Two workers (pytest-xdist): the engine tests in order on one (they share the session's
+# ci-mini and ci-tiny builds and the registry's repositories), the rest spread over both.
 SLOWEST_TESTS ?= 30
+TEST_WORKERS ?= 2
 test: lint typecheck host-registry compose-v2
-	$(BIN)/pytest -ra --durations=$(SLOWEST_TESTS) --durations-file=build/test-durations.txt --junitxml=build/test-junit.xml tests
+	$(BIN)/pytest -ra -n $(TEST_WORKERS) --durations=$(SLOWEST_TESTS) --durations-file=build/test-durations.txt --junitxml=build/test-junit.xml tests
 
 test-fast: venv
 	$(BIN)/pytest -ra -m "not engine" tests

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,13 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner, Result
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist hands its workers the controller's terminal size as COLUMNS and LINES (for
+    # its own output); the tool's tables would take it as theirs and wrap at 80. The tests
+    # read the tables a pipe gets (builder/cli/__init__.py PIPE_WIDTH), as without workers.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 from builder import REPO_ROOT
 from builder.cli.main import cli
@@ -75,6 +83,11 @@ SLOWEST = 30
 ENGINE_BUDGET_S = float(os.environ.get("SM120_STACKS_ENGINE_BUDGET_S") or 900)
 _durations: dict[str, float] = {}
 _engine_nodes: set[str] = set()
+_session_began: list[float] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _session_began.append(time.monotonic())
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -97,19 +110,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Times and skips as reported: under `make test`'s workers (pytest-xdist) only the
+    controller sees every test, through these reports, never through collection."""
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    if "engine" in report.keywords:
+        _engine_nodes.add(report.nodeid)
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if reason == NO_ENGINE or reason.startswith(NO_PACKAGE_INDEX):
+            _loud_skips[reason] = _loud_skips.get(reason, 0) + 1
 
 
 def durations_text(
-    durations: dict[str, float], engine_nodes: set[str], budget_s: float, slowest: int = SLOWEST
+    durations: dict[str, float],
+    engine_nodes: set[str],
+    budget_s: float,
+    slowest: int = SLOWEST,
+    wall: tuple[float, int] | None = None,
 ) -> str:
-    """The durations file: the slowest tests (seconds, node id), the totals, and a WARNING line
-    when the engine tests' total is past budget_s."""
+    """The durations file: the slowest tests (seconds, node id), the totals, the session's wall
+    time and workers (the totals add up every worker's time), and a WARNING line when the engine
+    tests' total is past budget_s."""
     ranked = sorted(durations.items(), key=lambda item: (-item[1], item[0]))[:slowest]
     engine_total = sum(seconds for node, seconds in durations.items() if node in engine_nodes)
     lines = [f"# the {len(ranked)} slowest of {len(durations)} tests (setup + call + teardown)"]
     lines += [f"{seconds:9.2f}s  {node}" for node, seconds in ranked]
     lines.append(f"# all tests: {sum(durations.values()):.1f}s")
+    if wall is not None:
+        lines.append(f"# wall: {wall[0]:.1f}s on {wall[1]} worker(s)")
     lines.append(
         f"# engine tests: {engine_total:.1f}s over {len(engine_nodes & durations.keys())} tests"
         f" (budget {budget_s:.0f}s, SM120_STACKS_ENGINE_BUDGET_S)"
@@ -122,40 +150,51 @@ def durations_text(
     return "\n".join(lines) + "\n"
 
 
-# --- engine tests -------------------------------------------------------------------------------
+# --- engine tests ---------------------------------------------------------------------------
 
 REQUIRE_ENGINE = os.environ.get("SM120_STACKS_REQUIRE_ENGINE") == "1"
-_engine_skips: list[str] = []
+NO_ENGINE = "no Docker engine reachable (start dockerd, or see .ci/run)"
+NO_PACKAGE_INDEX = "the package index does not answer"
+#: Skip reasons said again, loudly, at the end (reason -> tests), whichever worker skipped them.
+_loud_skips: dict[str, int] = {}
+#: Why a test must fail instead of running: the engine or the index CI requires is missing.
+_MUST_FAIL = pytest.StashKey[str]()
+#: Where the engine tests live: one unit of work for one worker (pytest_xdist_make_scheduler).
+ENGINE_DIR = "tests/engine/"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `make test`'s workers (pytest-xdist), every engine test runs on one worker, in
+    order: they share the session's ci-mini and ci-tiny builds and the registry's repositories.
+    The other tests go file by file to whichever worker is free (a file's module fixtures, such
+    as the host-setup stand-ins, are made once). xdist's own `--dist loadgroup` cannot be used:
+    it renames node ids through an attribute pytest 9.2 no longer reads."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineTestsTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return ENGINE_DIR if path.startswith(ENGINE_DIR) else path
+
+    return EngineTestsTogether(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Engine tests run whenever an engine answers; without one they skip loudly, or fail in CI.
     Tests that ask the real package index (marker `network`) likewise, when PyPI does not
     answer."""
-    _skip_network_tests_loudly(config, items)
+    _skip_network_tests_loudly(items)
     engine_items = [item for item in items if item.get_closest_marker("engine")]
-    _engine_nodes.update(item.nodeid for item in engine_items)
     if not engine_items:
         return
     from builder.engine.address import from_environment
     from builder.engine.docker_adapter import engine_reachable
 
-    if engine_reachable(from_environment()):
-        return
-    reason = "no Docker engine reachable (start dockerd, or see .ci/run)"
-    if REQUIRE_ENGINE:
-        reason = "SM120_STACKS_REQUIRE_ENGINE=1 but " + reason
-        for item in engine_items:
-            item.add_marker(pytest.mark.xfail(reason=reason, run=False, strict=True))
-        # strict xfail with run=False still reports as xfailed; force a failure instead:
-        config.option.sm120_engine_failure = reason
-    else:
-        for item in engine_items:
-            item.add_marker(pytest.mark.skip(reason=reason))
-    _engine_skips.append(f"{len(engine_items)} engine tests NOT RUN: {reason}")
+    if not engine_reachable(from_environment()):
+        _skip_or_fail(engine_items, NO_ENGINE)
 
 
-def _skip_network_tests_loudly(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _skip_network_tests_loudly(items: list[pytest.Item]) -> None:
     network_items = [item for item in items if item.get_closest_marker("network")]
     if not network_items:
         return
@@ -163,30 +202,47 @@ def _skip_network_tests_loudly(config: pytest.Config, items: list[pytest.Item]) 
 
     try:
         urllib.request.urlopen("https://pypi.org/simple/six/", timeout=10).close()
-        return
     except OSError as exc:
-        reason = f"the package index does not answer (https://pypi.org: {exc})"
-    if REQUIRE_ENGINE:
-        config.option.sm120_engine_failure = reason
-    for item in network_items:
-        item.add_marker(pytest.mark.skip(reason=reason))
-    _engine_skips.append(f"{len(network_items)} network tests NOT RUN: {reason}")
+        _skip_or_fail(network_items, f"{NO_PACKAGE_INDEX} (https://pypi.org: {exc})")
+
+
+def _skip_or_fail(items: list[pytest.Item], reason: str) -> None:
+    """Skip (said loudly at the end), or under SM120_STACKS_REQUIRE_ENGINE=1 (CI) fail each test
+    at its setup: a failed test is reported by whichever worker ran it, a session flag is not."""
+    for item in items:
+        if REQUIRE_ENGINE:
+            item.stash[_MUST_FAIL] = "SM120_STACKS_REQUIRE_ENGINE=1 but " + reason
+        else:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    reason = item.stash.get(_MUST_FAIL, None)
+    if reason is not None:
+        pytest.fail(reason, pytrace=False)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if getattr(session.config.option, "sm120_engine_failure", None):
-        session.exitstatus = 1
     target = session.config.getoption("--durations-file")
-    if target and _durations:
+    if target and _durations and not hasattr(session.config, "workerinput"):
         path = Path(target)
         path.parent.mkdir(parents=True, exist_ok=True)
         written = path.with_name(path.name + ".part")
-        written.write_text(durations_text(_durations, _engine_nodes, ENGINE_BUDGET_S))
+        wall = (time.monotonic() - _session_began[0], _workers(session.config))
+        written.write_text(durations_text(_durations, _engine_nodes, ENGINE_BUDGET_S, wall=wall))
         written.replace(path)  # whole or not at all: a killed run leaves the last one
 
 
+def _workers(config: pytest.Config) -> int:
+    """How many pytest-xdist workers ran the tests (1 without -n)."""
+    count = getattr(config.option, "numprocesses", None)
+    return count if isinstance(count, int) and count > 0 else 1
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    for line in _engine_skips:
+    for reason, count in sorted(_loud_skips.items()):
+        kind = "engine" if reason == NO_ENGINE else "network"
+        line = f"{count} {kind} tests NOT RUN: {reason}"
         terminalreporter.write_sep("!", line, red=True, bold=True)
 
 

@@ -5,6 +5,7 @@ bench/test_time.py's by-file table from pytest's JUnit XML."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,12 +35,13 @@ ENGINE = {"tests/engine/test_a.py::test_slow", "tests/engine/test_a.py::test_fas
 
 
 def test_the_durations_file_ranks_the_slowest_and_totals_the_engine_tests() -> None:
-    text = durations_text(DURATIONS, ENGINE, budget_s=900, slowest=2)
+    text = durations_text(DURATIONS, ENGINE, budget_s=900, slowest=2, wall=(80.25, 2))
     lines = text.splitlines()
     assert lines[0] == "# the 2 slowest of 3 tests (setup + call + teardown)"
     assert lines[1] == "   120.00s  tests/engine/test_a.py::test_slow"
     assert lines[2] == "     1.50s  tests/engine/test_a.py::test_fast"
     assert "# engine tests: 121.5s over 2 tests (budget 900s" in text
+    assert "# wall: 80.2s on 2 worker(s)" in lines
     assert "WARNING" not in text
 
 
@@ -96,3 +98,45 @@ def test_a_file_that_is_not_junit_is_refused_naming_it(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert str(bad) in done.stderr and "not a JUnit XML file" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _engine_tests_without_an_engine(require: bool) -> subprocess.CompletedProcess[str]:
+    """One engine test file run as `make test` runs the suite (two workers), against an engine
+    address where nothing answers."""
+    env = {k: v for k, v in os.environ.items() if k != "SM120_STACKS_REQUIRE_ENGINE"}
+    env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
+    if require:
+        env["SM120_STACKS_REQUIRE_ENGINE"] = "1"
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "tests/engine/test_orphans.py",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_under_two_workers_no_engine_fails_ci_and_a_user_s_run_says_what_did_not_run() -> None:
+    """A worker's skip or failure reaches the controller only as a test report: CI
+    (SM120_STACKS_REQUIRE_ENGINE=1) fails each engine test; a user's run skips them and says so
+    loudly at the end."""
+    ci = _engine_tests_without_an_engine(require=True)
+    assert ci.returncode == 1, ci.stdout[-2000:]
+    assert "2 errors" in ci.stdout  # failed at setup, before any fixture asks the engine
+    assert "SM120_STACKS_REQUIRE_ENGINE=1 but no Docker engine reachable" in ci.stdout
+    user = _engine_tests_without_an_engine(require=False)
+    assert user.returncode == 0, user.stdout[-2000:]
+    assert "2 skipped" in user.stdout
+    assert "2 engine tests NOT RUN: no Docker engine reachable" in user.stdout
