@@ -42,6 +42,7 @@ from builder.hosts.fleet import (
     warm_gate,
 )
 from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
+from builder.hosts.rendered import file_drifts, rendered_files
 from builder.hosts.trustdrift import evidence_drifts, trust_drifts
 from builder.hosts.warm_target import WarmPolicy, proof_of, restorer, target_of, warm_summary
 from builder.manifest.resolve import ResolvedStack
@@ -59,11 +60,23 @@ def all_pins(hosts_dir: Path) -> list[Pin]:
     return [load_pin(hosts_dir, host) for host in hosts]
 
 
-def one_report(pin: Pin, default: str | None, trust: TrustPolicy | None = None) -> Report:
+def one_report(
+    pin: Pin,
+    default: str | None,
+    trust: TrustPolicy | None = None,
+    files_of: Callable[[Pin], Path] | None = None,
+) -> Report:
     """drift for one pin, on its own engine (default: the command's, for a pin naming none),
-    its prerequisites read on that host; its evidence's keys against the trust policy."""
+    its prerequisites read on that host; its evidence's keys against the trust policy; its
+    rendered files (compose.yaml, the unit) against the pin."""
     engine, why = remote.try_connect(pin, default)
     report = verify_host(pin, engine, why, gather(engine, why, remote.probe(pin, default)))
+    if files_of is not None:
+        files = rendered_files(pin, files_of(pin), default)
+        edited = file_drifts(pin, files)
+        report.drifts += edited
+        if files and not edited:
+            report.clean.append("files")
     keys = trust_drifts(pin, trust)
     revoked = any(drift.name == "revoked" for drift in keys)  # said once, not twice
     refused = keys if revoked else evidence_drifts(pin, trust)
@@ -97,12 +110,15 @@ def drift_pins(
     default: str | None,
     every: bool,
     trust: TrustPolicy | None = None,
+    files_of: Callable[[Pin], Path] | None = None,
 ) -> None:
     """Drift of the given hosts (one, or every pinned host with --all) in one table, printed
     alike for one host or many; exit 1 when any host drifts. JSON: the report of HOST, or the
-    list of every host's with --all."""
+    list of every host's with --all. files_of: the folder deploy wrote a host's files to,
+    read for an image or volume edited into them (hosts/rendered.py)."""
     reports = [
-        (pin, remote.describe(pin, default), one_report(pin, default, trust)) for pin in pins
+        (pin, remote.describe(pin, default), one_report(pin, default, trust, files_of))
+        for pin in pins
     ]
     if as_json:
         documents = [report.to_json() for _, _, report in reports]

@@ -33,6 +33,7 @@ from builder.errors import StackError
 from builder.evidence.trust import TrustPolicy, host_policy
 from builder.hosts.pins import Pin, PinOptions, load_pin, make_pin, write_pin
 from builder.hosts.trustdrift import refuse_revoked
+from builder.hosts.volume_owner import refuse_foreign_volumes
 from builder.hosts.warm_target import WarmPolicy
 from builder.image.records import Record, load_record
 from builder.image.registry import Registry
@@ -374,7 +375,8 @@ def deploy(
 
     --all deploys every pinned host. With --apply, one host or all are rolled alike: one at a
     time, each gated and rolled back on a failure. Exit status 1 when the roll stopped at a
-    gate, 2 at bad input (the warm-cache restore refused, a pull that failed).
+    gate, 2 at bad input (a cache volume that is not the pin's own, the warm-cache restore
+    refused, a pull that failed).
     """
     folder = hosts_folder(settings, hosts_dir)
     _one_or_all(host, every)
@@ -393,6 +395,7 @@ def deploy(
             hint="add --format k8s, or leave out --gpu-product",
         )
     pins = all_pins(folder) if every else [load_pin(folder, str(host))]
+    refuse_foreign_volumes(pins, folder, settings.engine_address())  # before anything is written
     base = settings.build_dir / "hosts"
 
     def out_of(pin: Pin) -> Path:
@@ -447,22 +450,44 @@ def _apply_only(apply_now: bool, **given: object) -> None:
 @click.argument("host", required=False)
 @click.option("--all", "every", is_flag=True, help="Every pinned host, in one table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--files",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where deploy wrote the host's compose.yaml and unit (deploy's --out; default: "
+    "BUILD_DIR/hosts/HOST; with --all, DIR/HOST). The unit installed under "
+    "/etc/systemd/system is read too.",
+)
 @engine_option
 @hosts_dir_option
 @pass_settings
 @user_errors
 def drift(
-    settings: Settings, host: str | None, every: bool, as_json: bool, hosts_dir: Path | None
+    settings: Settings,
+    host: str | None,
+    every: bool,
+    as_json: bool,
+    files: Path | None,
+    hosts_dir: Path | None,
 ) -> None:
     """Compare what runs on HOST (on its pin's engine) with its pin; every drift is reported,
-    nothing changed. --all: every pinned host.
+    nothing changed. --all: every pinned host. The host's rendered compose.yaml and systemd
+    unit are read too: an image edited into them that is not the pinned digest (a tag), or a
+    named volume that is not the pin's, is a drift.
 
     Exit status: 0 as pinned, 1 drift, 2 bad input.
     """
     folder = hosts_folder(settings, hosts_dir)
     _one_or_all(host, every)
     pins = all_pins(folder) if every else [load_pin(folder, str(host))]
-    drift_pins(pins, as_json, settings.engine_address(), every, host_policy(folder))
+    base = settings.build_dir / "hosts"
+
+    def files_of(pin: Pin) -> Path:
+        """Where deploy wrote the pin's files, as deploy's --out names them."""
+        return (files or base) / pin.host if every else files or base / pin.host
+
+    policy = host_policy(folder)
+    drift_pins(pins, as_json, settings.engine_address(), every, policy, files_of)
 
 
 #: `verify` was this command's name until 2026-12-02, when builder/verify/ (which implements

@@ -208,8 +208,9 @@ def push(
     target = Registry.parse(registry)
     layers = layer_lines("push", target.ref(content_tag(stack, rendered.content_hash())))
     client = detect_build_client(memo=client_memo(settings.build_dir)).kind
+    again = (*(("--signing-key", signing_key) if signing_key else ()), *_engine_given(settings))
     published = publish(
-        engine, target, resolved, rendered, settings.build_dir, client, force, layers, signer
+        engine, target, resolved, rendered, settings.build_dir, client, force, layers, signer, again
     )
     layers.finish()
     click.echo(published.digest_ref)
@@ -227,6 +228,12 @@ def push(
             "unsigned: hosts refuse it unless --allow-unsigned (push --signing-key FILE)",
             err=True,
         )
+
+
+def _engine_given(settings: Settings) -> tuple[str, ...]:
+    """`--engine ADDR` as the user gave it, for a command a hint repeats; () when not given."""
+    engine = settings.engine_address() if settings.engine_given else None
+    return ("--engine", engine) if engine else ()
 
 
 @cli.command()

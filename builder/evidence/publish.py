@@ -8,6 +8,7 @@ image whose registry holds no verdict, SBOM or provenance, and says what to run.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +40,12 @@ def publish(
     force: bool = False,
     progress: OnLayer | None = None,
     signer: SigningKey | None = None,
+    again_options: tuple[str, ...] = (),
 ) -> Published:
     """The image and every evidence document in the registry (signed by signer, the build
-    key, where given), then recorded as pushed."""
+    key, where given), then recorded as pushed. again_options: the user's own options besides
+    --registry (`--signing-key FILE`, `--engine ADDR`), repeated in the push again a failed
+    evidence step's hint offers, so that push signs and goes where the first one did."""
     pushed = push_stack(rendered, build_dir, engine, registry, force=force, progress=progress)
     record = load_record(build_dir, pushed.stack, pushed.content_hash)
     try:
@@ -50,13 +54,16 @@ def publish(
         )
     except (StackError, OperationFailed) as exc:
         abandon_push(pushed, build_dir, engine, registry)
-        raise _evidence_failed(exc, pushed, registry) from None
+        raise _evidence_failed(exc, pushed, registry, again_options) from None
     finish_push(pushed, build_dir, engine, registry, progress)
     return Published(pushed.digest_ref, artifacts)
 
 
 def _evidence_failed(
-    exc: StackError | OperationFailed, pushed: Pushed, registry: Registry
+    exc: StackError | OperationFailed,
+    pushed: Pushed,
+    registry: Registry,
+    again_options: tuple[str, ...] = (),
 ) -> Exception:
     """The evidence step's own error, and what was (not) done: the same class, so its exit
     status stays (2 for what the user fixes: a login, a CA; 1 for a registry's refusal)."""
@@ -64,10 +71,10 @@ def _evidence_failed(
         f"the image went up as {pushed.digest_ref}, its evidence did not: it is not recorded "
         f"as pushed and {registry.ref(pushed.stack)} was not moved"
     )
-    again = (
-        f"`sm120-stacks push {pushed.stack} --registry {registry.option}` again (it sends only "
-        "what is missing)"
+    command = shlex.join(
+        ["sm120-stacks", "push", pushed.stack, "--registry", registry.option, *again_options]
     )
+    again = f"`{command}` again (it sends only what is missing)"
     if isinstance(exc, StackError):
         return type(exc)(
             f"{exc.message}\n  {done}",

@@ -26,7 +26,8 @@ ANONYMOUS_VOLUME = re.compile(r"^[0-9a-f]{64}$")
 @dataclass(frozen=True)
 class Drift:
     #: What drifted: image, command, entrypoint, env, gpus, mounts, ports, shm_size, state,
-    #: health, restarts, container, stray, engine, driver, gpu, runtime.
+    #: health, restarts, container, stray, engine, driver, gpu, runtime; file (a rendered
+    #: compose.yaml or unit edited away from the pin: hosts/rendered.py).
     name: str
     detail: str
 
