@@ -12,10 +12,18 @@ document of the size of a real test report (0.7 MB), an SBOM and a provenance at
 - unverified: the unsigned evidence read with no policy;
 - policy: the signed evidence read under a written trust.yaml (every later pin);
 - first use: the signed evidence with no trust.yaml: the keys learned (a second pass over the
-  referrers, manifests and blobs), the evidence read under them, trust.yaml written.
+  referrers, manifests and blobs), the evidence read under them, trust.yaml written;
+- policy_index, first_use_index: the same with the signed evidence index `push` publishes
+  (version 1, builder/evidence/index.py): its envelope read and verified, every listed
+  document checked present, the version held against HOSTS_DIR/evidence-versions.json
+  (issue 43 item 6). What `pin` reads for an image pushed by this tool today.
 
-Each figure is the median of ROUNDS wall-clock reads on this machine, registry included.
-Usage: SM120_STACKS_INSECURE_REGISTRIES=127.0.0.1:5000 python bench/tofu_bench.py OUT_FOLDER
+Each figure is the median of ROUNDS wall-clock reads on this machine, registry included; the
+cases of this tree are taken in turn within each round (the before tree's run in a process of
+its own, first).
+Usage: SM120_STACKS_INSECURE_REGISTRIES=127.0.0.1:5000 python bench/tofu_bench.py OUT_FOLDER [NAME]
+(NAME: the raw file's name, default tofu.json). BEFORE_TREE: a tree from before issue 43, e.g.
+`git archive d784b3d^ builder | tar -x -C /tmp/before`.
 """
 
 from __future__ import annotations
@@ -34,14 +42,15 @@ from typing import Any
 
 from builder.evidence import documents
 from builder.evidence.decision import relied_evidence
+from builder.evidence.index import publish_next
 from builder.evidence.keys import generate_key_pair, load_signing_key, public_pem
-from builder.evidence.oci import ArtifactStore
+from builder.evidence.oci import ArtifactStore, Descriptor
 from builder.evidence.reader import read_evidence
 from builder.evidence.signing import ENVELOPE_MEDIA_TYPE, seal
 from builder.image.records import Record
 from builder.image.registry import Registry
 
-ROUNDS = 15
+ROUNDS = 25
 HOST = "127.0.0.1:5000"
 BASE = "local/debian-python:bookworm"
 TYPES = {
@@ -62,8 +71,11 @@ def _push_base(namespace: str) -> str:
     return digest
 
 
-def _attach(registry: Registry, digest: str, key_file: Path | None) -> None:
+def _attach(registry: Registry, digest: str, key_file: Path | None, indexed: bool = False) -> None:
+    """The three documents, signed by key_file where given; with indexed, the signed index
+    of them (version 1) as `push --signing-key` publishes it."""
     store = ArtifactStore(registry)
+    attached: list[tuple[Descriptor, str]] = []
     report = {"checks": [{"name": f"check-{i}", "detail": "x" * 700} for i in range(1000)]}
     record = Record(stack="bench", content_hash="b" * 64, static="passed", served=[])
     verdict = documents.verdict_document(digest, registry.repository, record, report, False)
@@ -93,20 +105,29 @@ def _attach(registry: Registry, digest: str, key_file: Path | None) -> None:
             key = load_signing_key(key_file)
             layer, body = ENVELOPE_MEDIA_TYPE, seal(kind, payload, registry.repository, digest, key)
             annotations[documents.SIGNER_KEY_ANNOTATION] = public_pem(key.key.public_key()).decode()
-        store.attach(store.image(digest), TYPES[kind], layer, body, annotations)
+        attached.append(
+            (store.attach(store.image(digest), TYPES[kind], layer, body, annotations), kind)
+        )
+    if indexed and key_file is not None:
+        publish_next(store, store.image(digest), attached, load_signing_key(key_file), [])
 
 
-def _median_ms(run: Callable[[], Any]) -> dict[str, Any]:
+def _interleaved(cases: dict[str, Callable[[], Any]]) -> dict[str, dict[str, Any]]:
     """Wall and this process's CPU time (the client's own work: parsing, hashing, verifying;
-    the registry's and the other processes' time left out) per read."""
-    run()  # warm: connections, imports
-    wall, cpu = [], []
-    for _ in range(ROUNDS):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        run()
-        wall.append((time.perf_counter() - start) * 1000)
-        cpu.append((time.process_time() - start_cpu) * 1000)
-    return _both(wall, cpu)
+    the registry's and the other processes' time left out) per read, the cases taken in turn
+    within each round (the order rotated), so a shared machine's load falls on all alike."""
+    for run in cases.values():
+        run()  # warm: connections, imports
+    names = list(cases)
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(ROUNDS):
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            cases[name]()
+            wall[name].append((time.perf_counter() - start) * 1000)
+            cpu[name].append((time.process_time() - start_cpu) * 1000)
+    return {name: _both(wall[name], cpu[name]) for name in names}
 
 
 BEFORE = """
@@ -158,57 +179,101 @@ def _both(wall: list[float], cpu: list[float]) -> dict[str, Any]:
     }
 
 
-def main(out: Path) -> None:
+def main(out: Path, name: str = "tofu.json") -> None:
+    load_at_start = list(os.getloadavg())
     tag = os.urandom(3).hex()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         generate_key_pair(root, "build")
         plain = Registry.parse(f"{HOST}/bench-tofu-plain-{tag}")
         signed = Registry.parse(f"{HOST}/bench-tofu-signed-{tag}")
-        plain_digest, signed_digest = (
+        indexed = Registry.parse(f"{HOST}/bench-tofu-indexed-{tag}")
+        plain_digest, signed_digest, indexed_digest = (
             _push_base(plain.namespace or ""),
             _push_base(signed.namespace or ""),
+            _push_base(indexed.namespace or ""),
         )
         _attach(plain, plain_digest, None)
         _attach(signed, signed_digest, root / "build.key")
+        _attach(indexed, indexed_digest, root / "build.key", indexed=True)
         written = root / "hosts-written"
         relied_evidence(written, signed, "bench", reference=signed_digest)
+        written_index = root / "hosts-written-index"
+        first = relied_evidence(written_index, indexed, "bench", reference=indexed_digest)
+        assert first.evidence.index_version == 1, "the index was not read"
+        assert (written_index / "evidence-versions.json").is_file()
         rounds = iter(range(10_000))
 
         results = {
             "before": _before_ms(signed, signed_digest),
-            "unverified": _median_ms(lambda: read_evidence(plain, "bench", reference=plain_digest)),
-            "policy": _median_ms(
-                lambda: relied_evidence(written, signed, "bench", reference=signed_digest)
-            ),
-            "first_use": _median_ms(
-                lambda: relied_evidence(
-                    root / f"hosts-{next(rounds)}", signed, "bench", reference=signed_digest
-                )
+            **_interleaved(
+                {
+                    "unverified": lambda: read_evidence(plain, "bench", reference=plain_digest),
+                    "policy": lambda: relied_evidence(
+                        written, signed, "bench", reference=signed_digest
+                    ),
+                    "first_use": lambda: relied_evidence(
+                        root / f"hosts-{next(rounds)}", signed, "bench", reference=signed_digest
+                    ),
+                    "policy_index": lambda: relied_evidence(
+                        written_index, indexed, "bench", reference=indexed_digest
+                    ),
+                    "first_use_index": lambda: relied_evidence(
+                        root / f"hosts-{next(rounds)}",
+                        indexed,
+                        "bench",
+                        reference=indexed_digest,
+                    ),
+                }
             ),
         }
-    before = results["before"]
+    before, unverified = results["before"], results["unverified"]
+    checked = ("policy", "first_use", "policy_index", "first_use_index")
     document = {
         "what": "ms per read of one image's evidence from the local registry: wall, and the "
         "reading process's CPU (the verification's own work)",
         "rounds": ROUNDS,
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_1_5_15_at_start": load_at_start,
+            "load_average_1_5_15_at_end": list(os.getloadavg()),
+        },
+        "before_tree": os.environ.get("BEFORE_TREE", "/work/main"),
         "results": results,
         "added_over_before_ms": {
             name: {
                 "wall": round(results[name]["wall_median_ms"] - before["wall_median_ms"], 2),
                 "cpu": round(results[name]["cpu_median_ms"] - before["cpu_median_ms"], 2),
             }
-            for name in ("policy", "first_use")
+            for name in checked
+        },
+        "index_added_over_policy_ms": {
+            "wall": round(
+                results["policy_index"]["wall_median_ms"] - results["policy"]["wall_median_ms"], 2
+            ),
+            "cpu": round(
+                results["policy_index"]["cpu_median_ms"] - results["policy"]["cpu_median_ms"], 2
+            ),
+        },
+        "added_over_unverified_ms": {
+            name: {
+                "wall": round(results[name]["wall_median_ms"] - unverified["wall_median_ms"], 2),
+                "cpu": round(results[name]["cpu_median_ms"] - unverified["cpu_median_ms"], 2),
+            }
+            for name in checked
         },
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tofu.json").write_text(json.dumps(document, indent=2) + "\n")
+    (out / name).write_text(json.dumps(document, indent=2) + "\n")
     medians = {
         name: {k: v for k, v in r.items() if k.endswith("median_ms")} for name, r in results.items()
     }
-    print(json.dumps({"medians": medians, "added": document["added_over_before_ms"]}, indent=2))
+    keys = ("added_over_before_ms", "added_over_unverified_ms", "index_added_over_policy_ms")
+    added = {k: document[k] for k in keys}
+    print(json.dumps({"medians": medians, **added}, indent=2))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:3])

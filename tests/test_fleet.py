@@ -311,7 +311,9 @@ def _fleet(
     previous: dict[str, Pin],
     applied: list[tuple[str, str]],
 ) -> Fleet:
-    def fake_apply(pin: Pin, engine: Any, before_start: Any = None) -> str:
+    def fake_apply(
+        pin: Pin, engine: Any, before_start: Any = None, must_restart: Any = None
+    ) -> str:
         applied.append((pin.host, pin.image[-4:]))
         return f"started {pin.container}"
 
@@ -492,7 +494,9 @@ def test_a_rollback_whose_engine_stopped_answering_is_not_called_rolled_back(
     applied: list[tuple[str, str]] = []
     plan = _fleet(monkeypatch, {("gpu-a", "0202")}, old, applied)
 
-    def engine_gone(pin: Pin, engine: Any, before_start: Any = None) -> str:
+    def engine_gone(
+        pin: Pin, engine: Any, before_start: Any = None, must_restart: Any = None
+    ) -> str:
         applied.append((pin.host, pin.image[-4:]))
         if pin.image.endswith("0101"):
             raise EngineUnreachable("engine at /run/docker.sock: [Errno 111] Connection refused")
@@ -540,7 +544,9 @@ def test_an_engine_lost_at_apply_is_said_with_what_to_do(
     new = [_pin(stacks_dir, tmp_path, host="gpu-a", digest="02")]
     plan = _fleet(monkeypatch, set(), {}, [])
 
-    def engine_gone(pin: Pin, engine: Any, before_start: Any = None) -> str:
+    def engine_gone(
+        pin: Pin, engine: Any, before_start: Any = None, must_restart: Any = None
+    ) -> str:
         raise EngineUnreachable("the engine's API dropped the connection: Connection aborted")
 
     monkeypatch.setattr(fleet, "apply", engine_gone)
@@ -548,3 +554,14 @@ def test_an_engine_lost_at_apply_is_said_with_what_to_do(
     assert result.error is not None
     assert result.error.startswith("the Docker engine stopped answering: the engine's API")
     assert "once it answers again (`docker -H" in result.error and "deploy again" in result.error
+
+
+def test_the_stopping_error_names_its_host_once() -> None:
+    """Issue 43: an error raised for the host already leads with it ("gpu-1: warm required")
+    and deploy printed "error: gpu-1: gpu-1: warm required"."""
+    from builder.cli.fleet import host_named
+
+    said = "gpu-1: warm required, and no warm cache in the registry for this image"
+    assert host_named("gpu-1", said) == said
+    assert host_named("gpu-1", "pulling x failed") == "gpu-1: pulling x failed"
+    assert host_named("gpu-1", "gpu-10: other host") == "gpu-1: gpu-10: other host"

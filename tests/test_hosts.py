@@ -343,6 +343,13 @@ def test_a_failed_smoke_lets_push_through_but_not_pin(
     ("args", "message"),
     [
         (("pin", "Bad_Host", STACK), "'Bad_Host' is not a host name"),
+        (  # issue 43: its pin would be the hosts folder's trust policy
+            ("pin", "trust", STACK),
+            "HOST: 'trust' cannot be a host name here: its pin would be trust.yaml, the hosts' "
+            "trust policy",
+        ),
+        (("deploy", "trust", "--apply"), "'trust' cannot be a host name here"),
+        (("drift", "trust"), "'trust' cannot be a host name here"),
         (("pin", "h", STACK, "--gpus", "x"), "--gpus: --gpus 'x'"),
         (("pin", "h", STACK, "--volume", "nocolon"), "--volume: --volume 'nocolon'"),
         (("pin", "h", STACK, "--env", "A=$B"), "env.A: String should match pattern"),

@@ -134,7 +134,7 @@ def _cache_volume(pinned: Pin, engine: Engine | None) -> list[Finding]:
     try:
         if not engine.containers(volume=target.volume):
             return [Finding("cache", True, f"{name}: not judged, the pin is not deployed yet")]
-        with open_volume(engine, target.image, target.volume, cache_volume()) as access:
+        with open_volume(engine, target.volume, cache_volume()) as access:
             damaged = integrity.inspect_volume(access)
     except (EngineError, OperationFailed, StackError) as exc:
         return [Finding("cache", True, f"{name}: not judged ({exc})", warn=True)]

@@ -44,7 +44,14 @@ from builder.hosts.fleet import (
 from builder.hosts.pins import Pin, load_pin, load_previous_pin, pinned_hosts
 from builder.hosts.rendered import file_drifts, rendered_files
 from builder.hosts.trustdrift import evidence_drifts, trust_drifts
-from builder.hosts.warm_target import WarmPolicy, proof_of, restorer, target_of, warm_summary
+from builder.hosts.warm_target import (
+    WarmPolicy,
+    live_checker,
+    proof_of,
+    restorer,
+    target_of,
+    warm_summary,
+)
 from builder.manifest.resolve import ResolvedStack
 
 EXIT_FAILED = 1
@@ -82,22 +89,15 @@ def one_report(
     refused = keys if revoked else evidence_drifts(pin, trust)
     report.drifts += keys + ([] if revoked else refused)
     if engine is not None and "state" not in {d.name for d in report.drifts}:
-        report.warm = _unread_warm(pin, engine, trust, bool(refused)) or warm_summary(pin, engine)
+        report.warm = _unread_warm(pin, engine) or warm_summary(pin, engine)
     return report
 
 
-def _unread_warm(pin: Pin, engine: Engine, trust: TrustPolicy | None, refused: bool) -> str | None:
-    """Why the cache volume is not read, where it must not be (issue 43): reading it runs a
-    helper container of the pinned image, so not for an image the policy refuses or that no
-    policy verified; and not where no container mounts the volume (drift creates nothing,
-    and the engine makes a named volume a container asks for)."""
-    if trust is None:
-        return (
-            "unknown (no trust.yaml: the pinned image's evidence is not verified here, so none "
-            "of its code runs to read the cache volume)"
-        )
-    if refused:
-        return "unknown (its evidence fails the trust policy: none of its code runs here)"
+def _unread_warm(pin: Pin, engine: Engine) -> str | None:
+    """Why the cache volume is not read: no container mounts it (drift creates nothing, and
+    the engine makes a named volume a container asks for). Its evidence does not matter
+    here: the volume is read by the tool's own helper image (warm/helper.py), so no code of
+    the pinned image runs, verified or not (issue 43)."""
     target = target_of(pin)
     if target is not None and not engine.containers(volume=target.volume):
         return f"unknown (no container mounts {target.volume}: nothing read, nothing created)"
@@ -200,6 +200,7 @@ def deploy_pins(
         describe=lambda pin: remote.describe(pin, default),
         log=say,
         before_start=restorer(warm),
+        must_restart=live_checker(warm),
         remove_superseded=True,
     )
     results = roll(pins, fleet)
@@ -212,8 +213,14 @@ def deploy_pins(
         return
     if stopped.error is not None:  # stderr, whole, as user_errors prints a command's error
         kind = "error" if stopped.bad_input else "failed"
-        click.echo(f"{kind}: {stopped.host}: {stopped.error}", err=True)
+        click.echo(f"{kind}: {host_named(stopped.host, stopped.error)}", err=True)
     sys.exit(EXIT_BAD_INPUT if stopped.bad_input else EXIT_FAILED)
+
+
+def host_named(host: str, error: str) -> str:
+    """error led by its host, once: an error raised for the host names it already ("HOST: warm
+    required, ..."), and "error: HOST: HOST: ..." read as two hosts."""
+    return error if error.startswith(f"{host}: ") else f"{host}: {error}"
 
 
 def _stack_of(settings: Settings) -> Callable[[str], ResolvedStack | None]:

@@ -189,17 +189,31 @@ def container_spec(pin: Pin) -> ContainerSpec:
 BeforeStart = Callable[[Pin, Engine], "str | None"]
 
 
-def apply(pin: Pin, engine: Engine, before_start: BeforeStart | None = None) -> str:
-    """Run the pin on this engine. A container that drift would find clean is left alone; any
-    other (drifted, stopped, crash-looping, unhealthy) is replaced, so a fresh one starts with a
+#: Why a container that runs as pinned must restart all the same (its cache volume holds what
+#: the trust policy refuses: hosts/warm_target.py), in words; None: it may run on.
+MustRestart = Callable[[Pin, Engine], "str | None"]
+
+
+def apply(
+    pin: Pin,
+    engine: Engine,
+    before_start: BeforeStart | None = None,
+    must_restart: MustRestart | None = None,
+) -> str:
+    """Run the pin on this engine. A container that drift would find clean is left alone
+    unless must_restart names a reason (then before_start purges what it must); any other
+    (drifted, stopped, crash-looping, unhealthy) is replaced, so a fresh one starts with a
     zero restart count. Returns what was done, in words."""
     made = make_host_folders(pin)
     ensure_image(pin, engine)
     existing = engine.container(pin.container)
+    restart_why = None
     if existing is not None:
         attrs = existing.attrs
         if not state_drifts(attrs) and not config_drifts(pin, engine, attrs):
-            return f"{pin.container} already runs {pin.image} as pinned; nothing to do"
+            restart_why = must_restart(pin, engine) if must_restart is not None else None
+            if restart_why is None:
+                return f"{pin.container} already runs {pin.image} as pinned; nothing to do"
         existing.remove(force=True)
     prepared = before_start(pin, engine) if before_start is not None else None
     try:
@@ -213,8 +227,9 @@ def apply(pin: Pin, engine: Engine, before_start: BeforeStart | None = None) -> 
         raise StackError(
             f"the engine refused to start {pin.container}: {separated(exc.explanation)}"
         ) from None
-    verb = "replaced" if existing is not None else "started"
+    verb = "restarted" if restart_why else "replaced" if existing is not None else "started"
     done = "".join(f"created {folder}\n" for folder in made)
+    done += f"{restart_why}\n" if restart_why else ""
     done += f"{prepared}\n" if prepared else ""
     return f"{done}{verb} {pin.container} ({container.short_id}) running {pin.image}"
 

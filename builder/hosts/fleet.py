@@ -31,7 +31,7 @@ from builder.errors import (
     ToolMissing,
     engine_lost,
 )
-from builder.hosts.deploy import BeforeStart, NotStarted, apply
+from builder.hosts.deploy import BeforeStart, MustRestart, NotStarted, apply
 from builder.hosts.drift import Report, config_drifts, state_drifts
 from builder.hosts.pins import Pin
 from builder.hosts.superseded import remove_superseded
@@ -102,6 +102,9 @@ class Fleet:
     log: Callable[[str], None] = print
     #: Run between a host's old container and its new one (the warm-cache restore).
     before_start: BeforeStart | None = None
+    #: Why a host running as pinned restarts all the same (its cache volume holds what the
+    #: trust policy refuses); None: none asked.
+    must_restart: MustRestart | None = None
     #: Remove the images of pins the host no longer has, once it passed its gates
     #: (hosts/superseded.py); None: keep them.
     remove_superseded: bool = False
@@ -123,9 +126,10 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
             _not_reached(pins[index + 1 :], results, fleet)
             break
         unchanged = _runs_as_pinned(pin, engine)
+        restarted: list[str] = []  # why fleet.must_restart restarted it, where it did
         failure: Exception | None = None
         try:
-            done = apply(pin, engine, fleet.before_start)
+            done = apply(pin, engine, fleet.before_start, _noting(fleet.must_restart, restarted))
         except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
             failure = exc
             gate = GateResult(False, f"deploy failed: {_message(exc)}")
@@ -143,7 +147,7 @@ def roll(pins: Sequence[Pin], fleet: Fleet) -> list[HostResult]:
                 _remove_superseded(pin, engine, fleet)
             continue
         fleet.log(f"{pin.host}: FAILED: {gate.detail}")
-        if unchanged:
+        if unchanged and not restarted:  # what ran before the roll runs on, untouched
             result.rollback = "not needed: the host already ran this pin before the roll"
         elif isinstance(failure, NotStarted):
             result.rollback = (
@@ -201,7 +205,7 @@ def _roll_back(pin: Pin, engine: Engine, fleet: Fleet) -> tuple[str, bool]:
         return f"{why}: its failed container was removed, so nothing serves there now", True
     fleet.log(f"{pin.host}: back to its previous pin, {previous.stack} {previous.image}")
     try:
-        done = apply(previous, engine, fleet.before_start)
+        done = apply(previous, engine, fleet.before_start, fleet.must_restart)
     except (StackError, OperationFailed, ToolMissing, EngineError) as exc:
         return f"FAILED to start the previous pin {previous.image}: {_message(exc)}", False
     gate = _judge(fleet, previous, engine)
@@ -236,6 +240,22 @@ def _runs_as_pinned(pin: Pin, engine: Engine) -> bool:
         return False
     attrs = container.attrs
     return not state_drifts(attrs) and not config_drifts(pin, engine, attrs)
+
+
+def _noting(must_restart: MustRestart | None, said: list[str]) -> MustRestart | None:
+    """must_restart, its reasons kept in said: a host restarted for one is no longer what ran
+    before the roll, so a failure after it rolls back."""
+    if must_restart is None:
+        return None
+    decide = must_restart
+
+    def noted(pin: Pin, engine: Engine) -> str | None:
+        why = decide(pin, engine)
+        if why is not None:
+            said.append(why)
+        return why
+
+    return noted
 
 
 def _container(engine: Engine, name: str) -> Container | None:

@@ -20,6 +20,7 @@ from builder.engine.address import ADDRESS_PATTERN
 from builder.engine.mounts import checked
 from builder.engine.protocol import Mount
 from builder.errors import StackError
+from builder.evidence.trust import POLICY_FILE
 from builder.hosts.hostcheck import Requirements
 from builder.knowledge.strict import Strict
 from builder.knowledge.text import Identifier, SafeText, ServeArg, Sha256, Slug
@@ -129,12 +130,22 @@ class Pin(Strict):
         return [] if self.gpus == "none" else list(self.gpus)
 
 
+#: Names whose pin, HOSTS_DIR/NAME.yaml, would be another file of the hosts folder.
+RESERVED_HOSTS = {POLICY_FILE.removesuffix(".yaml"): f"{POLICY_FILE}, the hosts' trust policy"}
+
+
 def check_host_name(host: str) -> str:
     if not HOST_NAME.match(host) or len(host) > 253:
         raise StackError(
             f"{host!r} is not a host name",
             key="HOST",
             hint="lower-case letters, digits, '-' and '.', as in gpu-node-07",
+        )
+    if host in RESERVED_HOSTS:
+        raise StackError(
+            f"{host!r} cannot be a host name here: its pin would be {RESERVED_HOSTS[host]}",
+            key="HOST",
+            hint=f"name the host otherwise, as in {host}-01 or gpu-{host}",
         )
     return host
 

@@ -83,14 +83,16 @@ def refuse_revoked(pins: list[Pin], policy: TrustPolicy | None) -> None:
 
 
 def refuse_ungated(pin: Pin, hosts_dir: Path) -> None:
-    """`cache capture/list/prove` read the host's cache volume through a helper container of
-    the pinned image, so they run that image's code: only once its evidence passed the
-    current policy (issue 43), before the engine is asked for anything. Exit 2 otherwise."""
+    """`cache capture/list/prove` work on the pinned image's caches: only once its evidence
+    passed the current policy (issue 43), before the engine is asked for anything, so no
+    cache of an image the policy refuses is read, listed as restorable or captured (and
+    signed). Exit 2 otherwise. (The volume itself is read by the tool's own helper image,
+    warm/helper.py: no code of the pinned image runs either way.)"""
     policy = host_policy(hosts_dir)
     if policy is None:
         raise StackError(
             f"{pin.host}: no trust policy ({policy_path(hosts_dir)}): the evidence of "
-            f"{pin.image} is not verified here, and reading its cache volume runs that image",
+            f"{pin.image} is not verified here, so its caches are not read",
             hint=f"`sm120-stacks deploy {pin.host} --apply` trusts its signer on first use "
             "(or write trust.yaml: docs/evidence.md), then run this again",
         )

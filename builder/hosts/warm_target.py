@@ -30,7 +30,9 @@ from builder.warm.lifecycle import (
     WarmTarget,
     capture,
     host_key,
+    live_refusal,
     prove,
+    purge_refused,
     restore,
 )
 from builder.warm.ranks import held_ranks, missing_ranks
@@ -97,7 +99,11 @@ def restorer(policy: WarmPolicy) -> Callable[[Pin, Engine], str | None]:
 
     def before_start(pin: Pin, engine: Engine) -> str | None:
         if policy.cold:
-            return None
+            target = target_of(pin)
+            if policy.trust is None or target is None:
+                return None
+            store = ArtifactStore.of_image(pin.image)
+            return purge_refused(engine, store, target, policy.trust)
         target = require_target(pin) if policy.require else target_of(pin)
         if target is None:
             return None
@@ -114,6 +120,23 @@ def restorer(policy: WarmPolicy) -> Callable[[Pin, Engine], str | None]:
         return describe_restore(result)
 
     return before_start
+
+
+def live_checker(policy: WarmPolicy) -> Callable[[Pin, Engine], str | None]:
+    """deploy's question for a host already running as pinned: must it restart because its
+    cache volume holds a warm cache the trust policy refuses (restored before the policy was
+    added, or unsigned)? Its restart runs before_start, which empties live/ first."""
+
+    def must_restart(pin: Pin, engine: Engine) -> str | None:
+        target = target_of(pin)
+        if policy.trust is None or target is None:
+            return None
+        why = live_refusal(engine, ArtifactStore.of_image(pin.image), target, policy.trust)
+        if why is None:
+            return None
+        return f"its cache volume holds what the trust policy refuses ({why}): restarting"
+
+    return must_restart
 
 
 def describe_restore(result: RestoreResult) -> str:
@@ -194,7 +217,7 @@ def candidates(pin: Pin, engine: Engine, default: str | None) -> tuple[WarmKey, 
     facts = host_facts(pin, engine, default)
     layout = cache_volume()
     mounts = list(target.read_only_mounts)
-    with open_volume(engine, pin.image, target.volume, layout, mounts) as access:
+    with open_volume(engine, target.volume, layout, mounts) as access:
         key = host_key(target, facts, access)
     found = artifact.find(ArtifactStore.of_image(pin.image), target.image_digest)
     return key, [Candidate(f, key.differences(f.key)) for f in found]

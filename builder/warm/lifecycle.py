@@ -152,9 +152,7 @@ def capture(
     (its digest, key, files)."""
     layout = cache_volume()
     with (
-        open_volume(
-            engine, target.image, target.volume, layout, list(target.read_only_mounts)
-        ) as access,
+        open_volume(engine, target.volume, layout, list(target.read_only_mounts)) as access,
         tempfile.TemporaryDirectory(prefix="sm120-warm-") as scratch,
     ):
         access.recover()
@@ -194,9 +192,7 @@ def restore(
         gpus = len(gpu_identity(facts, target.gpu_indices)[0])
         ranks.require_gpus(target.host, tensor, pipeline, gpus)
     layout = cache_volume()
-    with open_volume(
-        engine, target.image, target.volume, layout, list(target.read_only_mounts)
-    ) as access:
+    with open_volume(engine, target.volume, layout, list(target.read_only_mounts)) as access:
         recovered = access.recover()
         key = host_key(target, facts, access)
         candidates = artifact.find(store, target.image_digest)
@@ -236,6 +232,33 @@ def restore(
             done.recovered, done.differences = recovered, refused
             return said(done)
         return said(_all_refused(access, target, refused, recovered, require_warm))
+
+
+def live_refusal(
+    engine: Engine, store: ArtifactStore, target: WarmTarget, trust: TrustPolicy
+) -> str | None:
+    """Why live/ of the host's volume must not stay under trust: the warm cache an earlier
+    restore left there (restored.json), which the policy does not vouch for now; None where
+    it may (nothing restored, or restored from what the policy trusts). Reads only."""
+    with open_volume(engine, target.volume, cache_volume()) as access:
+        restored = access.state(RESTORED)
+    if restored is None:
+        return None
+    candidates = artifact.find(store, target.image_digest)
+    return signed.restored_refusal(store, candidates, restored, trust)
+
+
+def purge_refused(
+    engine: Engine, store: ArtifactStore, target: WarmTarget, trust: TrustPolicy
+) -> str | None:
+    """A cold start (`deploy --cold`) under a policy: live/ emptied where it holds what the
+    policy refuses, as a restore would first; what was done."""
+    with open_volume(engine, target.volume, cache_volume()) as access:
+        access.recover()
+        candidates = artifact.find(store, target.image_digest)
+        purged = _purge_unvouched(engine, access, target, store, candidates, trust)
+        _write_base(access)
+    return purged
 
 
 def _noted(result: RestoreResult, purged: str | None, verified: bool) -> RestoreResult:
@@ -378,7 +401,7 @@ def _cold(access: VolumeAccess, result: RestoreResult) -> RestoreResult:
 def prove(engine: Engine, target: WarmTarget) -> Proof:
     """Compare live/ now with its listing just before the start (see the module)."""
     layout = cache_volume()
-    with open_volume(engine, target.image, target.volume, layout) as access:
+    with open_volume(engine, target.volume, layout) as access:
         base = access.state(BASE)
         restored = access.state(RESTORED)
         now = access.listing()

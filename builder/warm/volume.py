@@ -1,8 +1,9 @@
 """A host's cache volume, read and written through its own engine.
 
 The volume may be on another machine (ssh:// engines), so nothing here touches a path of this
-one: a short-lived helper container of the pinned image (present on the host once deployed)
-mounts the volume, and files go in and out as tar streams (`docker cp`). Its layout:
+one: a short-lived helper container of the tool's own image (warm/helper.py: never the pinned
+one, whose code must not run before it passed the trust policy) mounts the volume, and files go
+in and out as tar streams (`docker cp`). Its layout:
 
     VOLUME/live/...                 what the server reads and writes (the pin's cache variables)
     VOLUME/.sm120-stacks/base.json  the listing of live/ just before the server started
@@ -31,6 +32,7 @@ from builder.engine.owner import owned
 from builder.engine.protocol import Container, ContainerSpec, Engine, Mount
 from builder.errors import EngineError, OperationFailed, StackError
 from builder.knowledge.cache_volume import CacheVolume
+from builder.warm.helper import helper_image, helper_reference
 
 ROOT = "/w"
 STATE = ".sm120-stacks"
@@ -52,8 +54,8 @@ Listing = dict[str, FileEntry]
 
 
 class VolumeAccess:
-    """One helper container on the host's engine with the cache volume at /w (and the pin's
-    read-only mounts, for the model's revision)."""
+    """One helper container (of the tool's helper image) on the host's engine with the cache
+    volume at /w (and the pin's read-only mounts, for the model's revision)."""
 
     def __init__(self, container: Container, layout: CacheVolume) -> None:
         self.container = container
@@ -181,20 +183,20 @@ class VolumeAccess:
 @contextmanager
 def open_volume(
     engine: Engine,
-    image: str,
     volume: str,
     layout: CacheVolume,
     read_only_mounts: list[tuple[str, str]] = (),  # type: ignore[assignment]
 ) -> Iterator[VolumeAccess]:
-    """A helper container of image with volume at /w; removed on leaving. A helper a killed
-    run left behind on this volume is removed first (at most one operation per volume)."""
+    """A helper container of the tool's helper image (warm/helper.py, run by its image id)
+    with volume at /w; removed on leaving. A helper a killed run left behind on this volume is
+    removed first (at most one operation per volume)."""
     # Not engine/owner.py's reaper alone: a dead run's helper still sleeps (running, which
     # the reaper leaves), and a second operation must not share a volume with it. It carries
     # the owner label too, so the reaper removes it once it exits if no one opens the volume.
     for stale in engine.containers(label=f"{HELPER_LABEL}={volume}"):
         _remove(stale)
     spec = ContainerSpec(
-        image=image,
+        image=helper_image(engine),
         entrypoint=("sleep",),
         command=(str(HELPER_SECONDS),),
         name=f"{HELPER_PREFIX}{uuid.uuid4().hex[:12]}",
@@ -211,7 +213,7 @@ def open_volume(
     except EngineError as exc:
         raise StackError(
             f"cannot open the cache volume {volume} on this engine: {exc.explanation}",
-            hint="deploy the pin first (its image must be on the host), then try again",
+            hint=f"check the engine can run the helper image ({helper_reference()})",
         ) from None
     try:
         yield VolumeAccess(container, layout)

@@ -73,7 +73,7 @@ def _forge(pin: Pin, tmp_path: Path, signer_key: Path | None) -> None:
     engine = connect(pin)
     target = target_of(pin)
     assert target is not None
-    with open_volume(engine, pin.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         key = host_key(target, host_facts(pin, engine, None), access)
     tar = tmp_path / f"forged-{signer_key.stem if signer_key else 'unsigned'}.tar"
     _tar_of(tar, {"triton/grp0/kernel.cubin": EVIL})
@@ -106,7 +106,7 @@ def test_a_forged_warm_cache_is_refused_with_nothing_written(
     engine = connect(host)
     target = target_of(host)
     assert target is not None
-    with open_volume(engine, host.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         assert access.listing() == {}  # nothing of either artifact in live/
         assert not any(name.startswith(".incoming-") for name in access.listing("."))
 

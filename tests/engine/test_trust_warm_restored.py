@@ -64,7 +64,7 @@ def _restored(pin: Pin) -> dict[str, Any] | None:
     engine = connect(pin)
     target = target_of(pin)
     assert target is not None
-    with open_volume(engine, pin.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         return access.state("restored.json")
 
 

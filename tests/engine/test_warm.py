@@ -197,7 +197,7 @@ def test_capture_restore_and_prove_zero_compiles(
     again = restore(engine, store, target, host_facts(warm, engine, None))
     assert again.detail.startswith("the volume already holds warm cache")
     # A restore that has to swap live/ while this server runs on it: refused.
-    with open_volume(engine, warm.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         access.clear_restored()
     with pytest.raises(StackError, match="is in use by"):
         restore(engine, store, target, host_facts(warm, engine, None))
@@ -236,7 +236,7 @@ def test_a_tampered_artifact_restores_nothing(
 
     engine = connect(host)
     store = ArtifactStore.of_image(host.image)
-    with open_volume(engine, host.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         key = host_key(target, host_facts(host, engine, None), access)
     tar = tmp_path / "cache.tar"
     _tar_of(tar, {"triton/grp0/kernel.cubin": b"evil"})
@@ -252,7 +252,7 @@ def test_a_tampered_artifact_restores_nothing(
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "every artifact of its key was refused" in refused.stderr
     assert "is not intact" in refused.stderr and "nothing was restored" in refused.stderr
-    with open_volume(engine, host.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         assert access.listing() == {}
         assert access.listing(".") == {}
 
@@ -281,7 +281,7 @@ def test_a_restore_killed_midway_leaves_the_volume_as_it_was(
     child.join(120)
     assert child.exitcode == -signal.SIGKILL
     assert _kernel(api, victim) == before
-    with open_volume(engine, victim.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         assert any(name.startswith(".incoming-") for name in access.listing("."))
         assert access.recover() == "removed an unfinished restore"
         assert not any(name.startswith(".incoming-") for name in access.listing("."))

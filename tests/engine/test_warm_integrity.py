@@ -59,7 +59,7 @@ def test_a_damaged_volume_is_found_by_doctor_and_never_captured(
     engine = connect(host)
     target = target_of(host)
     assert target is not None
-    with open_volume(engine, host.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         access.sh(f"printf '%s' '{GROUP_TEXT}' > /w/live/{GROUP}", "damaging the cache")
         key = host_key(target, host_facts(host, engine, None), access)
 
@@ -79,7 +79,7 @@ def test_a_damaged_volume_is_found_by_doctor_and_never_captured(
     assert [f for f in artifact.find(store, target.image_digest) if f.key == key] == []
 
     # The remedy, as doctor printed it: the entry's folder removed, the volume is whole.
-    with open_volume(engine, host.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         access.sh("rm -rf -- /w/live/triton/grp0", "the remedy")
     doctor = cli_process("doctor", "--host", host.host, check=False)
     assert f"ok    cache: cache volume {target.volume}: no damaged cache entry" in doctor.stdout
@@ -98,7 +98,7 @@ def test_an_artifact_of_damaged_files_is_refused_before_anything_is_written(
     assert target is not None
     engine = connect(host)
     store = ArtifactStore.of_image(host.image)
-    with open_volume(engine, host.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         key = host_key(target, host_facts(host, engine, None), access)
     members = {"triton/grp0/kernel.cubin": b"k" * 512, GROUP: GROUP_TEXT.encode()}
     tar = tmp_path / "cache.tar"
@@ -118,7 +118,7 @@ def test_an_artifact_of_damaged_files_is_refused_before_anything_is_written(
     refused = cli_process("deploy", host.host, "--apply", "--require-warm", check=False)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "holds damaged cache files" in refused.stderr and "kernel.ptx" in refused.stderr
-    with open_volume(engine, host.image, target.volume, cache_volume()) as access:
+    with open_volume(engine, target.volume, cache_volume()) as access:
         assert access.listing() == {}
         assert access.listing(".") == {}
 
