@@ -10,6 +10,7 @@ from click.testing import Result
 
 from builder.errors import StackError
 from builder.image.names import image_labels
+from builder.lock.inputs import lock_inputs, original_bases
 from builder.manifest.resolve import resolve
 from builder.manifest.substitute import Substitutions
 from builder.render.context import render
@@ -32,8 +33,11 @@ def test_exact_substitution_renders_hashes_and_labels() -> None:
     assert render(resolve("vllm-0.22-b12x", STACKS, subs)).content_hash() == (
         substituted.content_hash()
     )
-    manifest = json.loads(image_labels(stack, substituted.content_hash())["sm120-stacks.manifest"])
+    manifest = json.loads(image_labels(stack, substituted)["sm120-stacks.manifest"])
     assert manifest["derived"]["base_substitutions"] == {ORIGINAL: LOCAL}
+    # The label is the manifest the context carries and hashes, not a second rendering of it.
+    assert manifest == json.loads(substituted.files["manifest.json"][0])
+    assert manifest == stack.to_json(editorial=False)
 
 
 def test_repository_prefix_keeps_the_tag_and_a_digest_can_be_given() -> None:
@@ -48,6 +52,20 @@ def test_repository_prefix_keeps_the_tag_and_a_digest_can_be_given() -> None:
     subs = Substitutions.parse(["nvidia/cuda=mirror.example:5000/nvidia/cuda"])
     assert subs.apply(ORIGINAL) == "mirror.example:5000/nvidia/cuda:13.0.2-devel-ubuntu24.04"
     assert subs.apply("nvidia/cudax:1") is None
+
+
+def test_a_lock_records_the_bases_as_written_whatever_the_site_substitutes() -> None:
+    """A site that builds FROM a mirror uses the same lock: its inputs name the manifest's
+    bases (ResolvedStack.written_bases), not the substitutes the FROM lines use."""
+    plain = resolve("vllm-0.22-b12x", STACKS)
+    digest = "sha256:" + "b" * 64
+    subs = Substitutions.parse([f"{ORIGINAL}=mirror.example:5000/nvidia/cuda:13.0.2@{digest}"])
+    substituted = resolve("vllm-0.22-b12x", STACKS, subs)
+    assert substituted.manifest.bases.build.digest == digest
+    assert substituted.written_bases == plain.manifest.bases
+    assert original_bases(substituted) == original_bases(plain)
+    assert original_bases(plain)["build"] == (ORIGINAL, plain.manifest.bases.build.digest)
+    assert lock_inputs(substituted) == lock_inputs(plain)
 
 
 def test_unmatched_stack_is_unchanged() -> None:

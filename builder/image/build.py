@@ -307,7 +307,7 @@ def build_argv(
         "--file",
         str(context / "Dockerfile"),
     ]
-    for key, value in image_labels(stack, rendered.content_hash()).items():
+    for key, value in image_labels(stack, rendered).items():
         argv += ["--label", f"{key}={value}"]
     if options.ca_bundle is not None:
         argv += ["--secret", f"id=proxy-ca,src={options.ca_bundle}"]

@@ -6,12 +6,14 @@ never moves; `sm120-stacks:<stack>` follows the newest build or push of that sta
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from datetime import UTC, datetime
 
 from builder import REPO_ROOT
 from builder.manifest.resolve import ResolvedStack, canonical_json
+from builder.render.context import MANIFEST_FILE, RenderedContext
 
 REPOSITORY = "sm120-stacks"
 HASH_CHARS = 16
@@ -49,8 +51,11 @@ def source_revision() -> str:
     return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
-def image_labels(stack: ResolvedStack, content_hash: str) -> dict[str, str]:
-    """OCI labels plus the stack's identity, resolved manifest and derived arch flags."""
+def image_labels(stack: ResolvedStack, rendered: RenderedContext) -> dict[str, str]:
+    """OCI labels plus the stack's identity, resolved manifest and derived arch flags. The
+    manifest label is the document the context carries (render's MANIFEST_FILE), read there
+    rather than made again: the label and the hashed file cannot differ."""
+    manifest = json.loads(rendered.files[MANIFEST_FILE][0])
     vllm = stack.manifest.python.packages.get("vllm")
     return {
         "org.opencontainers.image.title": f"sm120-stacks {stack.name}",
@@ -59,7 +64,7 @@ def image_labels(stack: ResolvedStack, content_hash: str) -> dict[str, str]:
         "org.opencontainers.image.source": SOURCE_URL,
         "org.opencontainers.image.created": created_timestamp(),
         "sm120-stacks.stack": stack.name,
-        "sm120-stacks.content-hash": content_hash,
-        "sm120-stacks.manifest": canonical_json(stack.to_json(editorial=False)),
+        "sm120-stacks.content-hash": rendered.content_hash(),
+        "sm120-stacks.manifest": canonical_json(manifest),
         "sm120-stacks.arch": canonical_json(stack.arch.env),
     }

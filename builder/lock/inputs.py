@@ -9,7 +9,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from builder.engine import imageref
 from builder.lock.lockfile import LOCK_SCHEMA, Lock
 from builder.manifest.resolve import ResolvedStack, canonical_json, local_wheels
 
@@ -45,15 +44,14 @@ def original_bases(stack: ResolvedStack) -> dict[str, tuple[str, str | None]]:
     """role -> (image, digest) as the manifest wrote them, before any site substitution.
 
     A lock pins the manifest's bases; a site that builds FROM a mirror (--substitute-base)
-    uses the same lock, and its substitute wins over the locked digest.
+    uses the same lock, and its substitute wins over the locked digest. resolve() keeps the
+    written bases (ResolvedStack.written_bases), so nothing here undoes a substitution.
     """
-    undo = {new: old for old, new in _substitutions(stack).items()}
-    out: dict[str, tuple[str, str | None]] = {}
-    for role in ("build", "runtime"):
-        base = getattr(stack.manifest.bases, role)
-        parsed = imageref.parse(undo.get(base.reference, base.reference))
-        out[role] = (parsed.tagged, parsed.digest)
-    return out
+    written = stack.written_bases
+    return {
+        role: (base.image, base.digest)
+        for role, base in (("build", written.build), ("runtime", written.runtime))
+    }
 
 
 def base_reference(stack: ResolvedStack, lock: Lock | None, role: str) -> str:

@@ -28,7 +28,7 @@ from builder.knowledge.jitmodules import jit_presets as jit_presets
 from builder.knowledge.loader import ManifestKeyError, error_at, validation_error
 from builder.knowledge.model_shapes import known_shape
 from builder.knowledge.yamlsafe import YamlDocument, load_yaml
-from builder.manifest.model import Manifest
+from builder.manifest.model import Bases, Manifest
 from builder.manifest.rules import evaluate
 from builder.manifest.servepath import NoRoute, ServePath, check_serve_args, derive_serve_path
 from builder.manifest.speculative import DraftPath, check_speculative, derive_draft
@@ -56,6 +56,8 @@ class ResolvedStack:
     #: Manifest files, the stack's own first, then each parent.
     sources: tuple[Path, ...]
     repo_root: Path
+    #: The bases as written, before site substitution: what a lock pins (lock/inputs).
+    written_bases: Bases
     #: Base references replaced by site substitution: original -> substitute.
     base_substitutions: dict[str, str] = field(default_factory=dict)
     #: What the vLLM server loads from FlashInfer and why (None: not derived for this stack).
@@ -168,6 +170,7 @@ def _derived(
 ) -> ResolvedStack:
     """The stack its valid manifest derives, every check of it passed."""
     repo_root = stacks_dir.resolve().parent
+    written_bases = manifest.bases
     manifest, substituted = _substitute_bases(manifest, substitutions or Substitutions())
     check_serve_args(manifest)  # first: the serve path reads the typed settings only
     check_speculative(manifest)
@@ -180,6 +183,7 @@ def _derived(
     stack = ResolvedStack(
         name=name,
         manifest=manifest,
+        written_bases=written_bases,
         base_substitutions=substituted,
         arch=derive(list(manifest.gpus), manifest.cuda),
         jit_modules=_expand_modules(manifest, serve_path, draft),

@@ -40,6 +40,9 @@ JIT_WORKSPACE = "/opt/flashinfer-cache"
 VENV = "/opt/venv"
 EXECUTABLE = 0o755
 REGULAR = 0o644
+#: The resolved manifest as the context carries it (ResolvedStack.to_json without the editorial
+#: fields): what the content hash covers, and what the image's manifest label says.
+MANIFEST_FILE = "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -271,7 +274,7 @@ def render_locked(
     ctx = _template_context(stack, lock, locked.build_base, locked.runtime_base)
     files: dict[str, tuple[bytes, int]] = {
         "Dockerfile": (_dockerfile(stack, ctx, templates_dir), REGULAR),
-        "manifest.json": (
+        MANIFEST_FILE: (
             (json.dumps(stack.to_json(editorial=False), indent=2, sort_keys=True) + "\n").encode(),
             REGULAR,
         ),
