@@ -6,6 +6,7 @@ tests/engine/test_tls_registry.py."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import stat
@@ -166,3 +167,39 @@ def test_an_untrusted_certificate_offers_only_what_registry_commands_take(tmp_pa
     assert "TLS certificate is not trusted" in said
     assert "SM120_STACKS_CA_BUNDLE=FILE" in said and f"{tmp_path}/none/{host}/ca.crt" in said
     assert "--ca-bundle" not in said
+
+
+def test_a_registry_that_accepts_and_never_answers_is_given_up_on_after_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """A frozen TLS registry (the kernel accepts the connection, nothing answers the client's
+    handshake): each try waits SM120_STACKS_REGISTRY_TIMEOUT seconds, as the message says,
+    not the ten-second connect limit (urllib3 waits out the handshake under that one)."""
+    import socket
+    import time
+
+    from builder.errors import ToolMissing
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # never accepted, never answered: the handshake hangs
+    host = f"127.0.0.1:{silent.getsockname()[1]}"
+    notices: list[str] = []
+    access = RegistryAccess.from_environment(
+        {"SM120_STACKS_REGISTRY_TIMEOUT": "1", "SM120_STACKS_CERTS_D": str(tmp_path / "none")}
+    )
+    access = dataclasses.replace(access, notice=notices.append)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ToolMissing) as raised:
+            access.session(host).request("GET", "/v2/", "")
+    finally:
+        silent.close()
+    took = time.monotonic() - started
+    assert "did not answer within 1 s" in str(raised.value) and "3 attempts" in str(raised.value)
+    assert [n.split("; ")[1] for n in notices] == [
+        "trying again in 1 s (2 of 3)",
+        "trying again in 2 s (3 of 3)",
+    ]
+    # 3 tries of 1 s and 1 + 2 s between them; ten seconds a try before
+    assert took < 9, took

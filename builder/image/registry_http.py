@@ -67,6 +67,14 @@ class RegistryAccess:
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
     notice: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr))
 
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds to connect, TLS handshake included (urllib3 waits for the server's side of
+        the handshake under the connect timeout): never more than the read timeout, so a
+        registry that accepts connections and then says nothing (frozen) is given up on after
+        SM120_STACKS_REGISTRY_TIMEOUT seconds, as its message says, not after ten."""
+        return min(CONNECT_TIMEOUT_S, self.read_timeout)
+
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> RegistryAccess:
         env = dict(os.environ if environ is None else environ)
@@ -171,7 +179,7 @@ class RegistrySession:
         if authorization:
             headers["Authorization"] = authorization
         sent = {**kwargs, "headers": headers}
-        timeout = (CONNECT_TIMEOUT_S, self.access.read_timeout)
+        timeout = (self.access.connect_timeout, self.access.read_timeout)
         path = url.split(self.host, 1)[-1].split("?", 1)[0]
         for attempt in range(1, self.access.attempts + 1):
             body = sent.get("data")
@@ -182,7 +190,7 @@ class RegistrySession:
             except requests.exceptions.SSLError as exc:
                 raise self._tls_failed(exc) from None
             except (requests.ConnectionError, requests.Timeout) as exc:
-                what = _no_answer(exc, self.access.read_timeout)
+                what = _no_answer(exc, self.access)
                 if attempt == self.access.attempts:
                     raise ToolMissing(
                         f"the registry {self.host} {what} ({method} {path}, "
@@ -300,7 +308,7 @@ class RegistrySession:
                 hint=f"fix the registry's token realm, or for a test registry {INSECURE_ENV}",
             )
         query = {"service": params.get("service", ""), "scope": params.get("scope") or scope}
-        timeout = (CONNECT_TIMEOUT_S, self.access.read_timeout)
+        timeout = (self.access.connect_timeout, self.access.read_timeout)
         if credentials is not None and credentials.identity_token:
             form = {**query, "grant_type": "refresh_token", "refresh_token": credentials.secret}
             form["client_id"] = "sm120-stacks"
@@ -339,8 +347,7 @@ class RegistrySession:
             ) from None
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise ToolMissing(
-                f"the token service of {self.host} ({service}) "
-                f"{_no_answer(exc, self.access.read_timeout)}",
+                f"the token service of {self.host} ({service}) {_no_answer(exc, self.access)}",
                 hint="check the registry's token realm, or try again when it answers",
             ) from None
 
@@ -440,13 +447,13 @@ def refuse_inline_login(value: str, where: str) -> None:
         )
 
 
-def _no_answer(exc: Exception, read_timeout: float) -> str:
+def _no_answer(exc: Exception, access: RegistryAccess) -> str:
     import requests
 
     if isinstance(exc, requests.exceptions.ReadTimeout):
-        return f"did not answer within {read_timeout:g} s"
+        return f"did not answer within {access.read_timeout:g} s"
     if isinstance(exc, requests.exceptions.ConnectTimeout):
-        return f"did not accept a connection within {CONNECT_TIMEOUT_S:g} s"
+        return f"did not accept a connection within {access.connect_timeout:g} s"
     text = str(exc)
     if "Connection refused" in text:
         return "refused the connection (nothing listens there)"

@@ -96,6 +96,8 @@ UV_PACKAGES_STEP = re.compile(
 )
 #: BuildKit's line for the packages stage's pip step (its number depends on the stage's shape).
 PACKAGES_PIP_STEP = re.compile(r"\[packages \d+/\d+\] RUN ")
+#: ... and its copy of the requirements/ folder, the step before it.
+PACKAGES_COPY_STEP = re.compile(r"\[packages \d+/\d+\] COPY requirements/ ")
 
 
 @pytest.mark.needs_ci_mini("ci-mini's heavy layer from the cache")
@@ -108,20 +110,16 @@ def test_interrupted_build_leaves_no_tag_and_the_next_build_resumes(
 ) -> None:
     from docker.errors import ImageNotFound
 
-    name = variant("ci-mini-interrupted", "python: {packages: {six: 1.16.0}}")
+    # The step to interrupt must really run, even if an earlier run cached it: an extra of
+    # this invocation's own on six (six has none: pip and uv install six as it is, saying so)
+    # makes the packages stage's requirements new, and only those (the JIT's requirements and
+    # the heavy layer stay cached). Not --no-cache: that reinstalled torch first (~115 s).
+    fresh = f"run-{os.urandom(6).hex()}"
+    six = f"{{version: 1.16.0, extras: [{fresh}]}}"
+    name = variant("ci-mini-interrupted", f"python: {{packages: {{six: {six}}}}}")
     content_hash = render(resolve(name, workspace / "stacks")).content_hash()
     process = subprocess.Popen(
-        # --no-cache: the step to interrupt must really run, even if an earlier run cached it.
-        [
-            sys.executable,
-            "-m",
-            "builder",
-            "build",
-            name,
-            "--no-cache",
-            "--ca-bundle",
-            str(proxy_ca[0]),
-        ],
+        [sys.executable, "-m", "builder", "build", name, "--ca-bundle", str(proxy_ca[0])],
         cwd=workspace,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -151,9 +149,15 @@ def test_interrupted_build_leaves_no_tag_and_the_next_build_resumes(
         timeout=900,
     )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "pip install --find-links /opt/sm120-stacks/wheels -c" not in _executed_steps(
-        resumed.stderr
+    executed = _executed_steps(resumed.stderr)
+    assert (
+        "pip install --find-links /opt/sm120-stacks/wheels -c" not in executed
     ), "the heavy layer should come from the cache"
+    assert "[jit-deps " not in executed, f"the heavy layer should come from the cache: {executed}"
+    # What the interrupted build finished (its new requirements/ copy) is kept; the step it
+    # was stopped in is not, and runs again.
+    assert not PACKAGES_COPY_STEP.search(executed), executed
+    assert PACKAGES_PIP_STEP.search(executed), executed
     assert api.images.get(local_ref(name, content_hash))
     log = workspace / "build" / name / "logs" / f"{content_tag(name, content_hash)}.log"
     assert "build interrupted" in log.with_name(log.name + ".1").read_text(), "attempt 1 kept"
