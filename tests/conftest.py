@@ -252,4 +252,4 @@ def _fake_hosts_have_the_served_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     one their records served on (tests/support/served.py), not this machine's (none)."""
     from tests.support.served import SERVED_GPU
 
-    monkeypatch.setattr("builder.cli.hosts._host_gpu_kind", lambda engine: SERVED_GPU)
+    monkeypatch.setattr("builder.cli.pin._host_gpu_kind", lambda engine: SERVED_GPU)

@@ -269,9 +269,9 @@ COMMAND_MODULES = {
     "pull": "builder.cli.images",
     "schema": "builder.cli.stacks",
     "test": "builder.cli.verify",
-    "smoke": "builder.cli.verify",
+    "smoke": "builder.cli.smoke",
     "lock": "builder.cli.lock",
-    "pin": "builder.cli.hosts",
+    "pin": "builder.cli.pin",
     "deploy": "builder.cli.hosts",
     "drift": "builder.cli.hosts",
     "verify": "builder.cli.hosts",  # the old name of drift, for one release

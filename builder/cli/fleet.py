@@ -184,18 +184,9 @@ def deploy_pins(
     warm = dataclasses.replace(warm, trust=trust)  # a policy learned on first use counts too
     default = settings.engine_address()
 
-    def url(pin: Pin) -> str:
-        return remote.server_url(pin, default)
-
-    waiting = None if as_json else (lambda text: click.echo(text, err=True))
-    gate: Gate = health_gate(url, timeout_s, waiting)
-    if smoke:
-        report_dir = settings.build_dir / "fleet" / "smoke"
-        gate = both(gate, smoke_gate(url, _stack_of(settings), report_dir, say))
-    gate = both(gate, warm_gate(proof_of, warm.require))
     fleet = Fleet(
         connect=lambda pin: remote.connect(pin, default),
-        gate=gate,
+        gate=_gates(settings, default, smoke, timeout_s, as_json, say, warm),
         previous=lambda host: load_previous_pin(hosts_dir, host),
         describe=lambda pin: remote.describe(pin, default),
         log=say,
@@ -215,6 +206,31 @@ def deploy_pins(
         kind = "error" if stopped.bad_input else "failed"
         click.echo(f"{kind}: {host_named(stopped.host, stopped.error)}", err=True)
     sys.exit(EXIT_BAD_INPUT if stopped.bad_input else EXIT_FAILED)
+
+
+def _gates(
+    settings: Settings,
+    default: str | None,
+    smoke: bool,
+    timeout_s: float | None,
+    as_json: bool,
+    say: Callable[[str], None],
+    warm: WarmPolicy,
+) -> Gate:
+    """What each host passes after its start, in order: its health path (waiting lines on
+    stderr unless --json), the stack's smoke through its URL (unless --no-smoke), then the
+    proof that its start was warm where its policy requires it. default: the engine address
+    of this machine, for pins that name none."""
+
+    def url(pin: Pin) -> str:
+        return remote.server_url(pin, default)
+
+    waiting = None if as_json else (lambda text: click.echo(text, err=True))
+    gate: Gate = health_gate(url, timeout_s, waiting)
+    if smoke:
+        report_dir = settings.build_dir / "fleet" / "smoke"
+        gate = both(gate, smoke_gate(url, _stack_of(settings), report_dir, say))
+    return both(gate, warm_gate(proof_of, warm.require))
 
 
 def host_named(host: str, error: str) -> str:

@@ -151,43 +151,80 @@ def read_evidence(
     evidence = Evidence(repository, image.digest, found_by, stack, "")
     listed = _listed(store, evidence, artifacts, trust)
     for descriptor in artifacts:
-        manifest = store.manifest(descriptor)
-        subject = (manifest.get("subject") or {}).get("digest")
-        if subject != image.digest:
-            raise _refused(image.digest, f"artifact {descriptor.digest} refers to {subject}")
-        if manifest.get("artifactType") == WARM_CACHE_TYPE:
-            evidence.warm_caches += 1
-            continue
-        layers = manifest.get("layers") or []
-        if len(layers) != 1:
-            raise _refused(image.digest, f"artifact {descriptor.digest} has {len(layers)} layers")
-        layer = Descriptor.of(layers[0])
-        kind = manifest.get("artifactType") or descriptor.artifact_type
-        if kind == INDEX_TYPE:
-            continue  # read by _listed
-        if _unsigned_extra(str(kind), layer, trust, allow_unsigned):
-            evidence.ignored.append(f"{_KINDS[str(kind)]} {descriptor.digest}")
-            continue
-        if _unlisted(str(kind), layer, descriptor, listed):
-            evidence.unlisted.append(f"{_KINDS[str(kind)]} {descriptor.digest}")
-            continue
-        published = _published(manifest, descriptor)
-        opened = _open(
-            store, layer, str(kind), descriptor, evidence, trust, allow_unsigned, published
-        )
-        payload = opened.payload
-        evidence.artifacts.append(descriptor)
-        if kind == VERDICT_TYPE:
-            verdicts.append(_verdict(payload, image.digest, descriptor))
-            if opened.signed:
-                signed.add(id(verdicts[-1]))
-        elif kind == SBOM_TYPE:
-            evidence.sbom = sbom_summary(_json(payload, descriptor, image.digest))
-        elif kind == PROVENANCE_TYPE:
-            evidence.provenance = _provenance(payload, image.digest, descriptor)
-        annotated = (manifest.get("annotations") or {}).get(SUBJECT_ANNOTATION)
-        if annotated is not None and annotated != image.digest:
-            raise _refused(image.digest, f"artifact {descriptor.digest} is annotated {annotated}")
+        read = _read_artifact(store, descriptor, evidence, listed, trust, allow_unsigned)
+        if read is not None:
+            verdict, came_signed = read
+            verdicts.append(verdict)
+            if came_signed:
+                signed.add(id(verdict))
+    _require_verdict(evidence, verdicts, trust, registry, tag)
+    if trust is not None:
+        _require_all(evidence, trust)
+    _merge(evidence, verdicts, content_hash, signed)
+    return evidence
+
+
+def _read_artifact(
+    store: ArtifactStore,
+    descriptor: Descriptor,
+    evidence: Evidence,
+    listed: set[str] | None,
+    trust: TrustPolicy | None,
+    allow_unsigned: bool,
+) -> tuple[VerdictDocument, bool] | None:
+    """One artifact of the image, checked (its subject and its annotation name the image, it
+    has one layer) and read into evidence: an SBOM or a provenance is kept there, a warm cache
+    counted; a verdict is returned, with whether it came signed, since only the whole set can
+    be weighed (_merge). An index (read by _listed), an unsigned extra and a document no
+    trusted index lists are passed over, the last two named in evidence."""
+    digest = evidence.digest
+    manifest = store.manifest(descriptor)
+    subject = (manifest.get("subject") or {}).get("digest")
+    if subject != digest:
+        raise _refused(digest, f"artifact {descriptor.digest} refers to {subject}")
+    if manifest.get("artifactType") == WARM_CACHE_TYPE:
+        evidence.warm_caches += 1
+        return None
+    layers = manifest.get("layers") or []
+    if len(layers) != 1:
+        raise _refused(digest, f"artifact {descriptor.digest} has {len(layers)} layers")
+    layer = Descriptor.of(layers[0])
+    kind = manifest.get("artifactType") or descriptor.artifact_type
+    if kind == INDEX_TYPE:
+        return None  # read by _listed
+    if _unsigned_extra(str(kind), layer, trust, allow_unsigned):
+        evidence.ignored.append(f"{_KINDS[str(kind)]} {descriptor.digest}")
+        return None
+    if _unlisted(str(kind), layer, descriptor, listed):
+        evidence.unlisted.append(f"{_KINDS[str(kind)]} {descriptor.digest}")
+        return None
+    published = _published(manifest, descriptor)
+    opened = _open(store, layer, str(kind), descriptor, evidence, trust, allow_unsigned, published)
+    payload = opened.payload
+    evidence.artifacts.append(descriptor)
+    verdict = None
+    if kind == VERDICT_TYPE:
+        verdict = _verdict(payload, digest, descriptor)
+    elif kind == SBOM_TYPE:
+        evidence.sbom = sbom_summary(_json(payload, descriptor, digest))
+    elif kind == PROVENANCE_TYPE:
+        evidence.provenance = _provenance(payload, digest, descriptor)
+    annotated = (manifest.get("annotations") or {}).get(SUBJECT_ANNOTATION)
+    if annotated is not None and annotated != digest:
+        raise _refused(digest, f"artifact {descriptor.digest} is annotated {annotated}")
+    return (verdict, opened.signed) if verdict is not None else None
+
+
+def _require_verdict(
+    evidence: Evidence,
+    verdicts: list[VerdictDocument],
+    trust: TrustPolicy | None,
+    registry: Registry,
+    tag: str,
+) -> None:
+    """An image with no verdict to rely on is refused, saying why: its only verdict unsigned
+    under a policy, or none at all (pushed without its evidence: the hint says how to send
+    it again)."""
     if not verdicts and any(i.startswith("verdict ") for i in evidence.ignored) and trust:
         first = next(i for i in evidence.ignored if i.startswith("verdict "))
         raise Untrusted(
@@ -196,8 +233,9 @@ def read_evidence(
             hint=UNSIGNED_HINT,
         )
     if not verdicts:
+        stack = evidence.stack
         raise StackError(
-            f"the registry holds no verdict for {repository}@{image.digest} "
+            f"the registry holds no verdict for {evidence.ref} "
             f"({tag}): it went up without its evidence (a push whose evidence failed, which "
             "said so and recorded nothing; or a push before sm120-stacks kept evidence in the "
             "registry, or by another tool)",
@@ -205,10 +243,6 @@ def read_evidence(
             f"{registry.option}` again (it sends only the evidence); or test it here: "
             f"sm120-stacks test {stack}",
         )
-    if trust is not None:
-        _require_all(evidence, trust)
-    _merge(evidence, verdicts, content_hash, signed)
-    return evidence
 
 
 def _listed(

@@ -133,21 +133,9 @@ def build_stack(
         _keep_previous(log_path)
         if options.max_jobs is None and stack.manifest.build.max_jobs == "auto":
             options = replace(options, max_jobs=auto_max_jobs(stack, engine.host()))
-        build_client = client()
-        with tempfile.TemporaryDirectory(prefix="sm120-build-") as scratch:
-            iidfile = Path(scratch) / "iid"
-            argv = build_argv(stack, rendered, context, build_client, options, iidfile)
-            bases = json.dumps(recorded_bases(pins), sort_keys=True)
-            argv[-1:-1] = ["--label", f"{BASE_IDS_LABEL}={bases}"]
-            for pin in pins.values():  # the tags FROM names, made only now that a build runs
-                engine.tag(pin.image.id, pin.content_ref)
-            where = client_env(engine.address)
-            _write_replay(command_path, build_client, argv, iidfile, where)
-            written = (stack.manifest.bases.build.image, stack.manifest.bases.runtime.image)
-            _run_build(
-                stack.name, argv, build_client, log_path, options.live_progress, written, where
-            )
-            image_id = iidfile.read_text().strip()
+        image_id = _run_buildkit(
+            stack, rendered, context, client(), engine, options, pins, (log_path, command_path)
+        )
         engine.tag(image_id, ref)
         engine.tag(image_id, moving_ref(stack.name))
         _note_image(build_dir, stack.name, content_hash, image_id)
@@ -161,6 +149,35 @@ def build_stack(
             log_path,
             command_path,
         )
+
+
+def _run_buildkit(
+    stack: ResolvedStack,
+    rendered: RenderedContext,
+    context: Path,
+    build_client: BuildClient,
+    engine: Engine,
+    options: BuildOptions,
+    pins: dict[str, BasePin],
+    logs: tuple[Path, Path],
+) -> str:
+    """The build itself, the written context through BuildKit: its command saved to replay
+    (logs: the log and the command's file), the bases' IDs labelled, and the image ID it
+    wrote to its --iidfile returned, which only a finished build writes; nothing is tagged
+    with the stack's name here, so a build that fails leaves no tag naming it."""
+    log_path, command_path = logs
+    with tempfile.TemporaryDirectory(prefix="sm120-build-") as scratch:
+        iidfile = Path(scratch) / "iid"
+        argv = build_argv(stack, rendered, context, build_client, options, iidfile)
+        bases = json.dumps(recorded_bases(pins), sort_keys=True)
+        argv[-1:-1] = ["--label", f"{BASE_IDS_LABEL}={bases}"]
+        for pin in pins.values():  # the tags FROM names, made only now that a build runs
+            engine.tag(pin.image.id, pin.content_ref)
+        where = client_env(engine.address)
+        _write_replay(command_path, build_client, argv, iidfile, where)
+        written = (stack.manifest.bases.build.image, stack.manifest.bases.runtime.image)
+        _run_build(stack.name, argv, build_client, log_path, options.live_progress, written, where)
+        return iidfile.read_text().strip()
 
 
 def _reused(

@@ -139,6 +139,47 @@ def _compile(
     constraints: list[str] | None,
     prefer: dict[str, str] | None = None,
 ) -> dict[str, LockedPackage]:
+    """One `uv pip compile` of requirements (label names its files in work), with the
+    manifest's overrides, constraints where given (the heavy subset resolved inside the whole)
+    and prefer, the versions to start from; uv's output parsed."""
+    argv, output = _compile_argv(
+        uv, stack, work, label, requirements, overrides, constraints, prefer
+    )
+    try:
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=UV_TIMEOUT_S,
+            preexec_fn=die_with_parent,  # a killed lock's uv must not go on writing
+        )
+    except subprocess.TimeoutExpired:
+        raise StackError(f"uv did not resolve {stack.name} within {UV_TIMEOUT_S}s") from None
+    if result.returncode != 0:
+        detail = "\n    ".join(result.stderr.strip().splitlines()[-12:])
+        raise StackError(
+            f"uv could not resolve the python section of {stack.name}:\n    {detail}",
+            file=stack.sources[0],
+            key="python",
+            hint="fix the pins (or indexes/wheels); network errors: check the proxy CA "
+            "(SSL_CERT_FILE) and UV_NATIVE_TLS",
+        )
+    return parse_compiled(output.read_text())
+
+
+def _compile_argv(
+    uv: Path,
+    stack: ResolvedStack,
+    work: Path,
+    label: str,
+    requirements: list[str],
+    overrides: list[str],
+    constraints: list[str] | None,
+    prefer: dict[str, str] | None,
+) -> tuple[list[str], Path]:
+    """uv's command line for one compile and the file it writes: its inputs written into work
+    (uv reads requirements, overrides and constraints from files), and prefer written into the
+    output file beforehand, since uv keeps the pins of an existing output file."""
     py = stack.manifest.python
     source = work / f"{stack.name}-{label}.in"
     source.write_text("\n".join(requirements) + "\n")
@@ -171,26 +212,7 @@ def _compile(
     if prefer:
         output.write_text("".join(f"{name}=={version}\n" for name, version in prefer.items()))
     argv += ["--output-file", str(output), str(source)]
-    try:
-        result = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=UV_TIMEOUT_S,
-            preexec_fn=die_with_parent,  # a killed lock's uv must not go on writing
-        )
-    except subprocess.TimeoutExpired:
-        raise StackError(f"uv did not resolve {stack.name} within {UV_TIMEOUT_S}s") from None
-    if result.returncode != 0:
-        detail = "\n    ".join(result.stderr.strip().splitlines()[-12:])
-        raise StackError(
-            f"uv could not resolve the python section of {stack.name}:\n    {detail}",
-            file=stack.sources[0],
-            key="python",
-            hint="fix the pins (or indexes/wheels); network errors: check the proxy CA "
-            "(SSL_CERT_FILE) and UV_NATIVE_TLS",
-        )
-    return parse_compiled(output.read_text())
+    return argv, output
 
 
 def parse_compiled(text: str) -> dict[str, LockedPackage]:

@@ -27,7 +27,7 @@ from builder.knowledge.jitmodules import jit_modules_known as jit_modules_known
 from builder.knowledge.jitmodules import jit_presets as jit_presets
 from builder.knowledge.loader import ManifestKeyError, error_at, validation_error
 from builder.knowledge.model_shapes import known_shape
-from builder.knowledge.yamlsafe import YamlDocument, load_yaml
+from builder.manifest.chain import deep_merge, load_chain
 from builder.manifest.model import Bases, Manifest
 from builder.manifest.rules import evaluate
 from builder.manifest.servepath import NoRoute, ServePath, check_serve_args, derive_serve_path
@@ -35,14 +35,12 @@ from builder.manifest.speculative import DraftPath, check_speculative, derive_dr
 from builder.manifest.start_switches import StartSwitches, start_switches
 from builder.manifest.substitute import Substitutions
 
-STACK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 #: Manifest fields that describe a stack but do not shape its image. They stay out of the
 #: image's identity, so marking a stack `working` or adding a note keeps its test and push records.
 EDITORIAL_FIELDS = frozenset({"description", "status", "notes"})
 #: Settings of a test run on the image, not of the image (the soak's length and limits): also
 #: out of its identity, so tuning them keeps its records.
 TEST_ONLY_FIELDS: dict[str, Any] = {"smoke": {"soak": True}}
-MAX_EXTENDS_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -146,7 +144,7 @@ def resolve(
     """The stack `name` resolved from its files. Its checks judge the typed manifest and say
     which key is wrong (ManifestKeyError); this is the one place that finds the file and line
     that spell it, in the stack's files, child first."""
-    docs = _load_chain(name, stacks_dir)
+    docs = load_chain(name, stacks_dir)
     merged: dict[str, Any] = {}
     for doc in reversed(docs):
         merged = deep_merge(merged, doc.data)
@@ -222,64 +220,6 @@ def _substitute_bases(
         return manifest, {}
     new_bases = manifest.bases.model_copy(update=bases)
     return manifest.model_copy(update={"bases": new_bases}), replaced
-
-
-def _load_chain(name: str, stacks_dir: Path) -> list[YamlDocument]:
-    """The stack's document and its ancestors, child first; cycles and gaps are errors."""
-    chain: list[YamlDocument] = []
-    seen: list[str] = []
-    current: str | None = name
-    child: YamlDocument | None = None
-    while current is not None:
-        path = stacks_dir / f"{current}.yaml"
-        if current in seen:
-            cycle = " -> ".join([*seen, current])
-            raise StackError(
-                f"extends cycle: {cycle}",
-                file=chain[-1].path,
-                key="extends",
-                line=chain[-1].lines.get(("extends",)),
-                hint="remove `extends` from one of these stacks",
-            )
-        if not STACK_NAME.match(current) or not path.is_file():
-            if child is None:
-                raise StackError(
-                    f"no stack named {current!r} in {stacks_dir}",
-                    hint="`sm120-stacks list` shows the stacks",
-                )
-            raise StackError(
-                f"parent stack {current!r} does not exist",
-                file=child.path,
-                key="extends",
-                line=child.lines.get(("extends",)),
-                hint=f"create {path} or fix the name",
-            )
-        if len(seen) >= MAX_EXTENDS_DEPTH:
-            raise StackError(f"extends chain deeper than {MAX_EXTENDS_DEPTH}", file=path)
-        doc = load_yaml(path)
-        chain.append(doc)
-        seen.append(current)
-        parent = doc.data.get("extends")
-        if parent is not None and not isinstance(parent, str):
-            raise StackError(
-                "extends must be a stack name",
-                file=path,
-                key="extends",
-                line=doc.lines.get(("extends",)),
-            )
-        current, child = parent, doc
-    return chain
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Maps merge recursively, everything else (lists included) is replaced by the child."""
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def _expand_modules(
@@ -386,7 +326,7 @@ def local_wheels(stack: ResolvedStack) -> list[Path]:
     paths = [stack.local_file(wheel) for wheel in stack.manifest.python.wheels]
     for index, (wheel, path) in enumerate(zip(stack.manifest.python.wheels, paths, strict=True)):
         if not path.is_file():
-            docs = _load_chain(stack.name, stack.sources[0].parent)  # for the file and line
+            docs = load_chain(stack.name, stack.sources[0].parent)  # for the file and line
             raise error_at(
                 docs,
                 ("python", "wheels", index),

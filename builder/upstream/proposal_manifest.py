@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from builder.knowledge.yamlsafe import load_yaml
-from builder.manifest.resolve import ResolvedStack, deep_merge
+from builder.manifest.chain import deep_merge
+from builder.manifest.resolve import ResolvedStack
 from builder.upstream.moves import Move
 from builder.upstream.settings import AppliedSettings, apply_settings, settings_lines
 

@@ -35,8 +35,9 @@ from builder.judge.judgement import rules_on_manifest, rules_on_pins
 from builder.lock.lockfile import Lock
 from builder.lock.uv_compile import make_lock
 from builder.lock.writing import write_lock
+from builder.manifest.chain import STACK_NAME
 from builder.manifest.check import CheckResult, violation_error
-from builder.manifest.resolve import STACK_NAME, ResolvedStack, resolve
+from builder.manifest.resolve import ResolvedStack, resolve
 from builder.manifest.rules import Rule, SettingsRemedy, SwitchesRemedy
 from builder.manifest.substitute import Substitutions
 from builder.upstream.carried_bases import ProposedBase, carry_bases
