@@ -30,11 +30,12 @@ Runner = Callable[[Sequence[str]], tuple[int, str]]
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 SSH_TIMEOUT_S = 30
 RUNTIME_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit", "nvidia-ctk")
-#: NVIDIA's apt repository for the toolkit, as its install guide adds it (curl and gnupg2
-#: first, its prerequisites: a minimal install has no gpg): neither Debian nor Ubuntu packages
-#: nvidia-container-toolkit ("E: Unable to locate package" without it).
+#: NVIDIA's apt repository for the toolkit, as its install guide adds it
+#: (docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html: curl
+#: and gnupg2 first, its prerequisites, since a minimal install has no gpg): neither Debian nor
+#: Ubuntu packages nvidia-container-toolkit ("E: Unable to locate package" without it).
 TOOLKIT_REPOSITORY = (
-    "apt-get install -y --no-install-recommends curl gnupg2; "
+    "apt-get update && apt-get install -y --no-install-recommends curl gnupg2; "
     "curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey | gpg --dearmor -o "
     "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg; curl -s -L "
     "https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list | "
