@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from builder.evidence.keys import generate_key_pair
-from builder.hosts.pins import CACHE_ENV, CACHE_TARGET, LABEL_HOST, PIN_SCHEMA, Pin, write_pin
+from builder.hosts.pins import LABEL_HOST, Pin, write_pin
 from builder.image.registry import Registry
 from tests.engine.conftest import LOCAL_BASE, RUN, unique
-from tests.engine.test_warm import SERVER
+from tests.engine.test_warm import server_pin
 from tests.support.health import wait_healthy
 from tests.support.net import free_port
 from tests.support.signed_evidence import attach_evidence
@@ -91,26 +91,7 @@ def planted_host(
 ) -> Iterator[tuple[Pin, int]]:
     port = free_port()
     host = unique("helper-planted")
-    pin = Pin.model_validate(
-        {
-            "schema_version": PIN_SCHEMA,
-            "host": host,
-            "stack": "warm-test",
-            "content_hash": "0" * 64,
-            "image": planting_image,
-            "pinned_at": "2026-12-01T00:00:00Z",
-            "container": f"sm120-stacks-{host}",
-            "command": ["python3", "-c", SERVER],
-            "serve_port": 8000,
-            "env": dict(CACHE_ENV),
-            "gpus": "none",
-            "ports": [f"127.0.0.1:{port}:8000"],
-            "volumes": [{"source": f"sm120-helper-{host}", "target": CACHE_TARGET}],
-            "shm_size": "64m",
-            "health": {"interval_s": 600, "start_period_s": 60},
-            "needs": {"cuda": "13.0.2", "min_driver": None, "targets": {"sm120": "12.0"}},
-        }
-    )
+    pin = server_pin(host, planting_image, port, "sm120-helper")
     write_pin(workspace / "hosts", pin)
     yield pin, port
     for container in api.containers.list(all=True, filters={"label": f"{LABEL_HOST}={host}"}):

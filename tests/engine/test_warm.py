@@ -98,33 +98,40 @@ def signed_warm(
     (folder / "trust.yaml").unlink(missing_ok=True)
 
 
+def server_pin(
+    host: str, image: str, port: int, volume_prefix: str, env: dict[str, str] | None = None
+) -> Pin:
+    """A pin of the stand-in server (SERVER) of image on host: its cache volume
+    VOLUME_PREFIX-HOST, its port on loopback, no GPU."""
+    return Pin.model_validate(
+        {
+            "schema_version": PIN_SCHEMA,
+            "host": host,
+            "stack": "warm-test",
+            "content_hash": "0" * 64,
+            "image": image,
+            "pinned_at": "2026-12-01T00:00:00Z",
+            "container": f"sm120-stacks-{host}",
+            "command": ["python3", "-c", SERVER],
+            "serve_port": 8000,
+            "env": {**CACHE_ENV, **(env or {})},
+            "gpus": "none",
+            "ports": [f"127.0.0.1:{port}:8000"],
+            "volumes": [{"source": f"{volume_prefix}-{host}", "target": CACHE_TARGET}],
+            "shm_size": "64m",
+            "health": {"interval_s": 600, "start_period_s": 60},
+            "needs": {"cuda": "13.0.2", "min_driver": None, "targets": {"sm120": "12.0"}},
+        }
+    )
+
+
 @pytest.fixture
 def hosts(workspace: Path, served_image: str, api: Any) -> Iterator[Callable[..., tuple[Pin, int]]]:
     made: list[Pin] = []
 
     def pin(name: str, env: dict[str, str] | None = None) -> tuple[Pin, int]:
         port = free_port()
-        host = unique(name)
-        pinned = Pin.model_validate(
-            {
-                "schema_version": PIN_SCHEMA,
-                "host": host,
-                "stack": "warm-test",
-                "content_hash": "0" * 64,
-                "image": served_image,
-                "pinned_at": "2026-12-01T00:00:00Z",
-                "container": f"sm120-stacks-{host}",
-                "command": ["python3", "-c", SERVER],
-                "serve_port": 8000,
-                "env": {**CACHE_ENV, **(env or {})},
-                "gpus": "none",
-                "ports": [f"127.0.0.1:{port}:8000"],
-                "volumes": [{"source": f"sm120-warm-{host}", "target": CACHE_TARGET}],
-                "shm_size": "64m",
-                "health": {"interval_s": 600, "start_period_s": 60},
-                "needs": {"cuda": "13.0.2", "min_driver": None, "targets": {"sm120": "12.0"}},
-            }
-        )
+        pinned = server_pin(unique(name), served_image, port, "sm120-warm", env)
         write_pin(workspace / "hosts", pinned)
         made.append(pinned)
         return pinned, port
