@@ -33,8 +33,9 @@ _MADE_FOR_A_PIN = re.compile(r"^sm120-stacks-cache-.+-[0-9a-f]{8}$")
 def refuse_foreign_volumes(pins: list[Pin], hosts_dir: Path, default: str | None) -> None:
     """StackError (exit 2) for the first pin whose cache volume is not its own: a volume name
     `pin` made for another stack or host, or the volume another pin of the folder mounts
-    read-write on the same engine."""
-    everyone = _loadable_pins(hosts_dir)
+    read-write on the same engine. The folder's other pins are read only when a pin's volume
+    is not its own by name (the usual deploy reads no other pin)."""
+    everyone: list[Pin] | None = None
     for pin in pins:
         found = _cache_volume(pin)
         if found is None:
@@ -43,6 +44,7 @@ def refuse_foreign_volumes(pins: list[Pin], hosts_dir: Path, default: str | None
         own = cache_volume_name(pin.stack, pin.host)
         if volume == own:
             continue  # its own by name: a pin that mounts it too is the one refused
+        everyone = _loadable_pins(hosts_dir) if everyone is None else everyone
         owner = _other_owner(pin, volume, everyone, default)
         if owner is None and not _MADE_FOR_A_PIN.match(volume):
             continue
