@@ -18,6 +18,7 @@ help:
 	@echo "make base-cuda-local    a CUDA 13.0 devel base made here from NVIDIA's PyPI wheels"
 	@echo "make flagship-local STACK=vllm-0.33-b12x   a flagship on that base (hours on 2 cores)"
 	@echo "make bench-flagship STACK=vllm-0.33-b12x   its measurements (bench/RESULTS.md §4)"
+	@echo "make bench-rebuild-flagship   the front door built cold, then three children and a no-op (§14)"
 	@echo "make bench-cache        a fresh engine builds a ci-mini variant from the registry's cache (bench/RESULTS.md)"
 	@echo "make bench-fleet        two hosts (namespaces, sshd, dockerd): roll, rollback, drift (bench/RESULTS.md)"
 	@echo "make bench-faults       a private engine restarted mid-build/push/test, a full registry, a prune (bench/FAULTS.md)"
@@ -127,9 +128,15 @@ bench-flagship: venv
 
 # Issue 37: ci-mini with new compile inputs built (its FlashInfer compile cold), then a child that
 # adds `six`: the JIT step of each from their BuildKit logs, bench/results/rebuild-economy/.
-.PHONY: bench-rebuild
+# Issue 46: `make bench-rebuild-flagship` (STACK=vllm-0.33-marlin unless named) does the same on
+# the front door's local variant: cold, three children and a no-op side by side (about an hour
+# and a quarter on 2 cores, 40 GB of disk), bench/results/rebuild-economy/flagship/.
+.PHONY: bench-rebuild bench-rebuild-flagship
 bench-rebuild: venv base-cuda-local wheels-local
 	bench/rebuild-economy.sh
+
+bench-rebuild-flagship: venv base-cuda-local wheels-local
+	STACK=$(if $(filter command line,$(origin STACK)),$(STACK),vllm-0.33-marlin) bench/rebuild-flagship.sh
 
 # Heavy, root only: each starts private engines in network namespaces (scripts/fleet-netns.sh)
 # and tears them down afterwards.

@@ -153,7 +153,11 @@ def test_lock_round_trip_and_render_installs_from_it(stacks_dir: Path) -> None:
     assert "--require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock-heavy.txt" in (
         dockerfile
     )
-    assert "--require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock.txt" in dockerfile
+    # A lock of no ancestor's: its own set is the packages stage's one install.
+    assert (
+        "--require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock-base.txt" in dockerfile
+    )
+    assert locked.files["requirements/lock-base.txt"] == locked.files["requirements/lock.txt"]
     heavy = locked.files["requirements/lock-heavy.txt"][0].decode()
     assert "torch==2.11.0 \\\n    --hash=sha256:6746" in heavy
     assert "typing-extensions" not in heavy

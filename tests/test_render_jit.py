@@ -224,3 +224,62 @@ def test_b12x_and_marlin_share_the_jit_deps_layers_and_the_compile_cache() -> No
     assert _stages(b12x.dockerfile)["jit-deps"] == _stages(marlin.dockerfile)["jit-deps"]
     names = ("vllm-0.33-b12x", "vllm-0.33-marlin")
     assert len({template_context(resolve(n, STACKS)).jit_cache_id for n in names}) == 1
+
+
+def _base_step(dockerfile: str) -> str:
+    """The packages stage up to and including the install of requirements/lock-base.txt: the
+    instructions BuildKit keys that layer on (comments left out)."""
+    stage = _stages(dockerfile)["packages"]
+    end = stage.index("-r /opt/sm120-stacks/requirements/lock-base.txt")
+    return stage[: stage.index("\n", stage.index("compileall", end))]
+
+
+def test_a_locked_child_installs_its_parents_set_as_the_parents_own_step_then_its_difference(
+    stacks_dir: Path,
+) -> None:
+    """Issue 46: the first packages step of a child is the parent's step over the parent's
+    bytes (one BuildKit layer for both), and only the child's own lock follows it, with the
+    parent's packages the child lacks uninstalled."""
+    parent = render(resolve("vllm-0.33-marlin", stacks_dir))
+    parent_lock = read_lock(stacks_dir / "vllm-0.33-marlin.lock")
+    dropped = next(iter(sorted(parent_lock.python.packages)))
+    _locked_child(
+        stacks_dir,
+        "bump",
+        "extends: vllm-0.33-marlin\npython: {packages: {vllm: 0.33.1}}\n",
+        {"vllm": "0.33.1", "humanize": "4.12.0"},
+    )
+    lock = read_lock(stacks_dir / "bump.lock")
+    packages = dict(lock.python.packages)
+    del packages[dropped]
+    write_lock(
+        stacks_dir / "bump.lock",
+        lock.model_copy(update={"python": lock.python.model_copy(update={"packages": packages})}),
+    )
+    child = render(resolve("bump", stacks_dir))
+    base = parent.files["requirements/lock-base.txt"]
+    assert (
+        base == parent.files["requirements/lock.txt"] == child.files["requirements/lock-base.txt"]
+    )
+    assert _base_step(child.dockerfile) == _base_step(parent.dockerfile)
+    # The parent installs its set once; the child installs its own lock over it.
+    assert "requirements/lock.txt \\" not in parent.dockerfile
+    own = _stages(child.dockerfile)["packages"].split(_base_step(child.dockerfile))[1]
+    assert "-r /opt/sm120-stacks/requirements/lock.txt" in own
+    assert f"uv pip uninstall --python /opt/venv/bin/python {dropped} \\" in own
+    assert b"humanize==4.12.0" in child.files["requirements/lock.txt"][0]
+    assert b"humanize" not in base
+
+
+def test_a_child_on_another_python_does_not_start_from_its_parents_set(stacks_dir: Path) -> None:
+    """A parent's set for another interpreter would not install (nor be shared): the child's
+    own lock is its base."""
+    _locked_child(stacks_dir, "py311", "extends: vllm-0.33-marlin\n", {"humanize": "4.12.0"})
+    lock = read_lock(stacks_dir / "py311.lock")
+    write_lock(
+        stacks_dir / "py311.lock",
+        lock.model_copy(update={"python": lock.python.model_copy(update={"version": "3.11"})}),
+    )
+    child = render(resolve("py311", stacks_dir))
+    assert child.files["requirements/lock-base.txt"] == child.files["requirements/lock.txt"]
+    assert "requirements/lock.txt \\" not in child.dockerfile

@@ -14,7 +14,7 @@ from pathlib import Path
 from builder.errors import StackError
 from builder.lock.inputs import base_reference, floating_bases, lock_path, stale_reason
 from builder.lock.lockfile import Lock
-from builder.lock.reading import inherited_lock, read_lock
+from builder.lock.reading import inherited_lock, packages_base_lock, read_lock
 from builder.manifest.resolve import ResolvedStack
 
 
@@ -39,6 +39,10 @@ class LockedStack:
     #: Why the lock no longer matches the manifest, as the error a build raises; None when it
     #: matches or there is none. Rules still run first (`check` reports both).
     stale: StackError | None = None
+    #: The lock whose package set the packages stage installs first (reading.packages_base_lock):
+    #: an ancestor's, shared with its image and its other children, or the lock itself; None
+    #: without a usable lock.
+    packages_base: Lock | None = None
 
     @property
     def name(self) -> str:
@@ -73,6 +77,7 @@ def lock_stack(stack: ResolvedStack) -> LockedStack:
         floating=tuple(floating_bases(stack, usable)),
         versions=usable.python.versions() if usable is not None else None,
         stale=stale,
+        packages_base=packages_base_lock(stack, usable) if usable is not None else None,
     )
 
 

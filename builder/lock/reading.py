@@ -115,6 +115,36 @@ def inherited_lock(stack: ResolvedStack) -> tuple[Path, Lock] | None:
     return None
 
 
+def shares_packages_layer(ancestor: Lock, lock: Lock) -> bool:
+    """Whether ancestor's package set can be the first layer of lock's packages stage: the same
+    Python, platform, indexes, heavy part and bases, so its install runs over the very layers
+    the ancestor's image has (BuildKit then finds the step cached) and installs on this stack's
+    interpreter."""
+    mine, theirs = lock.python, ancestor.python
+    return (
+        (theirs.version, theirs.platform, theirs.index_url, theirs.extra_index_urls)
+        == (mine.version, mine.platform, mine.index_url, mine.extra_index_urls)
+        and theirs.heavy == mine.heavy
+        and ancestor.bases == lock.bases
+    )
+
+
+def packages_base_lock(stack: ResolvedStack, lock: Lock) -> Lock:
+    """The lock whose packages the packages stage installs first, in a layer of its own: the
+    farthest ancestor's lock that shares_packages_layer with this one, else the lock itself.
+    Every descendant of that ancestor then starts from one and the same layer, and a child
+    that adds one package installs one package over it (issue 46), where a whole install of
+    its own lock copied and byte-compiled the flagship's set again. Whether an ancestor's lock
+    is fresh does not matter: the stack's own lock is installed over it, extras removed."""
+    for source in reversed(stack.sources[1:]):  # the farthest ancestor first
+        path = source.with_name(f"{source.stem}.lock")
+        if path.is_file():
+            ancestor = read_lock(path)
+            if shares_packages_layer(ancestor, lock):
+                return ancestor
+    return lock
+
+
 def current_lock(stack: ResolvedStack) -> Lock | None:
     """The stack's lock for a build: None without one (nor a parent's that matches it:
     inherited_lock); a stale or broken lock is an error."""

@@ -26,6 +26,7 @@ from builder.files import fingerprint
 from builder.lock.inputs import base_reference
 from builder.lock.locked import LockedStack, lock_stack
 from builder.lock.lockfile import Lock
+from builder.lock.reading import packages_base_lock
 from builder.manifest.model import Patch
 from builder.manifest.resolve import ResolvedStack, jit_module_table, local_wheels
 from builder.manifest.serve import serve_argv
@@ -92,6 +93,14 @@ class TemplateContext:
     lock_name: str = ""
     #: Where the installer stage puts uv (mounted into the packages stage, never shipped).
     uv_dir: str = "/opt/sm120-stacks-uv"
+    #: The stack whose lock's packages the packages stage installs first (requirements/
+    #: lock-base.txt, lock.reading.packages_base_lock): an ancestor's, so that its image and
+    #: all its children share that layer, or the stack's own.
+    packages_base_name: str = ""
+    #: The stack's own lock differs from that base: a second, small step installs it over the
+    #: base (requirements/lock.txt) and uninstalls `lock_removes`, the base's packages it lacks.
+    lock_over_base: bool = False
+    lock_removes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -153,13 +162,19 @@ class RenderedContext:
 def template_context(stack: ResolvedStack, lock: Lock | None = None) -> TemplateContext:
     """What the templates see for stack built from lock (None: unlocked)."""
     bases = (base_reference(stack, lock, "build"), base_reference(stack, lock, "runtime"))
-    return _template_context(stack, lock, *bases)
+    packages_base = packages_base_lock(stack, lock) if lock is not None else None
+    return _template_context(stack, lock, *bases, packages_base)
 
 
 def _template_context(
-    stack: ResolvedStack, lock: Lock | None, build_base: str, runtime_base: str
+    stack: ResolvedStack,
+    lock: Lock | None,
+    build_base: str,
+    runtime_base: str,
+    packages_base: Lock | None = None,
 ) -> TemplateContext:
-    """template_context with the FROM of each stage already known (a LockedStack's)."""
+    """template_context with the FROM of each stage and the packages' base lock already known
+    (a LockedStack's)."""
     m = stack.manifest
     build = m.build
     apt = list(build.apt_packages)
@@ -205,7 +220,20 @@ def _template_context(
         locked=lock is not None,
         lock_name=lock.stack if lock is not None else stack.name,
         locked_heavy=bool(lock and lock.python.heavy),
+        **_packages_layers(lock, packages_base or lock),
     )
+
+
+def _packages_layers(lock: Lock | None, base: Lock | None) -> dict[str, Any]:
+    """The packages stage's two steps: the base lock's set, then the stack's own over it."""
+    if lock is None or base is None:
+        return {}
+    own, shared = lock.python.packages, base.python.packages
+    return {
+        "packages_base_name": base.stack,
+        "lock_over_base": own != shared,
+        "lock_removes": sorted(set(shared) - set(own)),
+    }
 
 
 def _patch_entry(patch: Patch) -> dict[str, Any]:
@@ -271,7 +299,9 @@ def render_locked(
     keeps one under the build folder); without it they are hashed afresh."""
     digests = digests or DigestCache()
     stack, lock = locked.stack, locked.lock
-    ctx = _template_context(stack, lock, locked.build_base, locked.runtime_base)
+    ctx = _template_context(
+        stack, lock, locked.build_base, locked.runtime_base, locked.packages_base
+    )
     files: dict[str, tuple[bytes, int]] = {
         "Dockerfile": (_dockerfile(stack, ctx, templates_dir), REGULAR),
         MANIFEST_FILE: (
@@ -297,6 +327,13 @@ def render_locked(
                 REGULAR,
             )
         files["requirements/lock.txt"] = (lock_requirements(lock, "packages").encode(), REGULAR)
+        # The set the packages stage installs first: byte for byte its base stack's lock.txt,
+        # so that the COPY and the install over it are one BuildKit step for all of them.
+        base = locked.packages_base or lock
+        files["requirements/lock-base.txt"] = (
+            lock_requirements(base, "packages").encode(),
+            REGULAR,
+        )
     for tool in sorted((templates_dir / "tools").iterdir()):
         if not tool.is_file():
             continue  # a __pycache__ left by a local import of a tool is not part of the image

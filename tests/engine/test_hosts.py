@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -361,6 +362,67 @@ def test_a_stale_lock_stops_the_build(
     finally:
         (stacks / f"{stale}.yaml").unlink()
         (stacks / f"{stale}.lock").unlink()
+
+
+def test_a_child_adding_a_package_builds_on_its_parents_package_layer(
+    deployed: dict[str, Any],
+    cli_process: Callable[..., Any],
+    workspace: Path,
+    api: Any,
+    tmp_path: Path,
+) -> None:
+    """Issue 46: a locked child that adds one package (and whose lock drops one of the
+    parent's) takes the parent's package layer from BuildKit's cache and installs only its
+    difference over it; its image holds exactly its own lock."""
+    from builder.lock.reading import read_lock
+    from builder.lock.writing import write_lock
+    from builder.verify.expectations import expectations
+    from builder.verify.run_checks import CheckInputs, run_checks
+
+    stacks = workspace / "stacks"
+    child = f"{STACK}-humanize"
+    (stacks / f"{child}.yaml").write_text(
+        f"extends: {STACK}\npython:\n  packages:\n    humanize: 4.12.3\n"
+    )
+    parent = render(resolve(STACK, stacks))
+    cli_process("lock", child, "--versions-from", f"stacks/{STACK}.lock")
+    lock = read_lock(stacks / f"{child}.lock")
+    jit = parent.files["requirements/jit.txt"][0].decode()
+    dropped = max(n for n in lock.python.packages if f"\n{n}==" not in jit and n != "humanize")
+    packages = {n: p for n, p in lock.python.packages.items() if n != dropped}
+    python = lock.python.model_copy(update={"packages": packages})
+    write_lock(stacks / f"{child}.lock", lock.model_copy(update={"python": python}))
+    rendered = render(resolve(child, stacks))
+    image = local_ref(child, rendered.content_hash())
+    try:
+        assert rendered.files["requirements/jit.txt"] == parent.files["requirements/jit.txt"]
+        cli_process("build", child)
+        log_name = f"{content_tag(child, rendered.content_hash())}.log"
+        log = (workspace / "build" / child / "logs" / log_name).read_text()
+        steps = dict(re.findall(r"^(#\d+) \[packages [^\]]*\] (.*)$", log, flags=re.M))
+        base = [n for n, text in steps.items() if "lock-base.txt" in text]
+        assert len(base) == 2, steps  # the COPY and the install over it
+        for number in base:
+            assert f"{number} CACHED" in log, f"{steps[number]} ran again"
+        assert re.search(r"Uninstalled 1 package", log) and re.search(r"Installed 1 package", log)
+        expect = expectations(resolve(child, stacks), rendered.content_hash(), rendered.lock)
+        container = api.containers.run(
+            image, ["sleep", "infinity"], detach=True, network_mode="none"
+        )
+        try:
+            inputs = CheckInputs(expect.to_json(), {}, [])
+            hosts = f"docker://{container.id}"
+            (result,) = run_checks(inputs, hosts, tmp_path, "installed_set_equals_the_lock")
+            assert result.passed, result.detail
+            assert "humanize" in expect.to_json()["locked"]
+            assert dropped not in expect.to_json()["locked"]
+        finally:
+            container.remove(force=True)
+    finally:
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            api.images.remove(image)
+        for suffix in (".yaml", ".lock"):
+            (stacks / f"{child}{suffix}").unlink(missing_ok=True)
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")

@@ -58,11 +58,12 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 # those very files in the image (same layers, same times, so ninja finds the modules fresh);
 # uv leaves them as they are (already installed) and adds the rest from its cache mount.
 FROM jit-deps AS packages
-# The proxy CA and HF token arrive as BuildKit secrets and never touch a layer; uv's cache lives
-# in a cache mount shared by every stack, so a pin change downloads only what is new.
-COPY requirements/ /opt/sm120-stacks/requirements/
 # Locked (stacks/vllm-0.33-marlin.lock): the complete package set, each file hash-checked, so
-# --no-deps.
+# --no-deps; uv's cache lives in a cache mount shared by every stack, and the proxy CA and HF
+# token arrive as BuildKit secrets that never touch a layer. First the set of
+# stacks/vllm-0.33-marlin.lock, in a layer of its own: byte for byte the file and
+# step of that stack and of every child of it, so BuildKit shares the layer between them.
+COPY requirements/lock-base.txt /opt/sm120-stacks/requirements/
 # hadolint ignore=DL3059
 RUN --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     --mount=type=bind,from=installer,source=/opt/sm120-stacks-uv,target=/opt/sm120-stacks-uv \
@@ -70,8 +71,9 @@ RUN --mount=type=cache,target=/root/.cache/uv,sharing=locked \
     --mount=type=secret,id=hf-token \
     --mount=type=bind,source=tools/with-secrets.sh,target=/opt/sm120-stacks/tools/with-secrets.sh \
     UV_LINK_MODE=copy UV_NO_PROGRESS=1 /opt/sm120-stacks/tools/with-secrets.sh \
-    /opt/sm120-stacks-uv/bin/uv pip install --python /opt/venv/bin/python --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock.txt \
+    /opt/sm120-stacks-uv/bin/uv pip install --python /opt/venv/bin/python --require-hashes --no-deps -r /opt/sm120-stacks/requirements/lock-base.txt \
  && { python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true; }
+COPY requirements/ /opt/sm120-stacks/requirements/
 
 # --- patches: applied to the installed packages, checksums verified first ---
 FROM packages AS patched
