@@ -71,14 +71,7 @@ cp "$WORK/$(build_log ci-mini-rebuild-transformers)" "$OUT/child-transformers.bu
     "transformers bump=$OUT/child-transformers.buildkit.log" | tee "$OUT/steps.md"
 command_sh="$WORK/$(build_log ci-mini-rebuild)"
 command_sh="${command_sh%.log}.command.sh"
-for i in 1 2 3 4 5; do
-    (cd "$WORK" && /usr/bin/time -f "tool wall %e s cpu %U+%S s" "$CLI" build ci-mini-rebuild \
-        >/dev/null) 2>>"$OUT/noop-pairs.txt"
-    (cd "$WORK" && /usr/bin/time -f "buildkit wall %e s cpu %U+%S s" sh "$command_sh" \
-        >/dev/null 2>"$OUT/noop-buildkit-$i.log"; tail -n 1 "$OUT/noop-buildkit-$i.log") \
-        >>"$OUT/noop-pairs.txt"
-done
-cat "$OUT/noop-pairs.txt"
+noop_pairs ci-mini-rebuild "$command_sh"
 "$PY" bench/rebuild_economy.py \
     "ci-mini-rebuild (new compile inputs)=$OUT/parent.buildkit.log" \
     "ci-mini-rebuild-six (one unrelated package)=$OUT/child-six.buildkit.log" \

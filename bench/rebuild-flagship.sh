@@ -46,18 +46,10 @@ mkdir -p "$WORK/stacks" "$WORK/build"
 cp stacks/*.yaml "stacks/$STACK.lock" "$WORK/stacks/"
 ln -sfn "$PWD/build/wheels" "$WORK/build/wheels"
 ln -sfn "$PWD/patches" "$WORK/patches"
-cat >"$WORK/stacks/$parent.yaml" <<YAML
-# $STACK on the local Debian 12 CUDA base (scripts/flagship-local.sh), with a toolchain
-# variable of this run's own: its compile runs cold (bench/rebuild-flagship.sh).
-extends: $STACK
-python:
-  version: "3.11"
-build:
-  apt_packages: [python3.11, python3.11-venv, python3.11-dev, ca-certificates]
-  runtime_apt_packages: [python3.11, python3.11-venv, ca-certificates]
-  toolchain_env:
-    SM120_REBUILD_BENCH_RUN: "$RUN_ID"
-YAML
+scripts/flagship-local.sh --variant-only "$STACK" "$WORK/stacks"
+printf '# %s with a toolchain variable of this run'"'"'s own: its compile runs cold.\n%s\n' \
+    "$STACK-local" "extends: $STACK-local" >"$WORK/stacks/$parent.yaml"
+printf 'build:\n  toolchain_env:\n    SM120_REBUILD_BENCH_RUN: "%s"\n' "$RUN_ID" >>"$WORK/stacks/$parent.yaml"
 printf 'extends: %s\npython:\n  packages:\n    humanize: 4.12.3\n' "$parent" >"$WORK/stacks/$six.yaml"
 printf 'extends: %s\nserve:\n  port: 8001\n' "$parent" >"$WORK/stacks/$serve.yaml"
 printf 'extends: %s\npython:\n  packages:\n    transformers: %s\n' "$parent" "${BUMP_TRANSFORMERS:-5.20.1}" \
@@ -97,14 +89,7 @@ must build-noop "$CLI" build "$parent"
     "cold=$OUT/parent.buildkit.log" "one-package child=$OUT/child-humanize.buildkit.log" \
     "serve-argument child=$OUT/child-serve.buildkit.log" \
     "transformers bump=$OUT/child-transformers.buildkit.log" | tee "$OUT/steps.md"
-for i in 1 2 3 4 5; do
-    (cd "$WORK" && /usr/bin/time -f "tool wall %e s cpu %U+%S s" "$CLI" build "$parent" \
-        >/dev/null) 2>>"$OUT/noop-pairs.txt"
-    (cd "$WORK" && /usr/bin/time -f "buildkit wall %e s cpu %U+%S s" sh "$command_sh" \
-        >/dev/null 2>"$OUT/noop-buildkit-$i.log"; tail -n 1 "$OUT/noop-buildkit-$i.log") \
-        >>"$OUT/noop-pairs.txt"
-done
-cat "$OUT/noop-pairs.txt"
+noop_pairs "$parent" "$command_sh"
 "$PY" bench/rebuild_economy.py \
     "$parent (cold)=$OUT/parent.buildkit.log" "$six (one unrelated package)=$OUT/child-humanize.buildkit.log" \
     | tee "$OUT/jit-steps.md"

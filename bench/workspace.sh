@@ -35,3 +35,17 @@ may() { run "$@" || true; }
 expect() {
     grep -qF -- "$2" "$OUT/$1.txt" || { stamp "FAILED: $1 does not say '$2'"; exit 1; }
 }
+
+# The no-op, 5 pairs (issue 46): `build STACK` with nothing to do against BuildKit's own no-op of
+# the same context, the replay script COMMAND_SH the build wrote; into $OUT/noop-pairs.txt.
+noop_pairs() {
+    local stack=$1 command_sh=$2 i
+    for i in 1 2 3 4 5; do
+        (cd "$WORK" && /usr/bin/time -f "tool wall %e s cpu %U+%S s" "$CLI" build "$stack" \
+            >/dev/null) 2>>"$OUT/noop-pairs.txt"
+        (cd "$WORK" && /usr/bin/time -f "buildkit wall %e s cpu %U+%S s" sh "$command_sh" \
+            >/dev/null 2>"$OUT/noop-buildkit-$i.log"; tail -n 1 "$OUT/noop-buildkit-$i.log") \
+            >>"$OUT/noop-pairs.txt"
+    done
+    cat "$OUT/noop-pairs.txt"
+}

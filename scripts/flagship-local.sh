@@ -8,7 +8,23 @@
 # set wherever Python 3.11 allows, hash-checked; `lock` lists the packages that had to move.
 #
 #   scripts/flagship-local.sh vllm-0.22-marlin     # hours the first time on 2 cores
+#   scripts/flagship-local.sh --variant-only STACK DIR   # only write DIR/STACK-local.yaml
 set -euo pipefail
+write_variant() {  # STACK DIR: the local variant's manifest
+    cat >"$2/$1-local.yaml" <<YAML
+# $1 on the local Debian 12 CUDA base (scripts/flagship-local.sh).
+extends: $1
+python:
+  version: "3.11"
+build:
+  apt_packages: [python3.11, python3.11-venv, python3.11-dev, ca-certificates]
+  runtime_apt_packages: [python3.11, python3.11-venv, ca-certificates]
+YAML
+}
+if [[ ${1:-} == --variant-only ]]; then
+    write_variant "${2:?usage: scripts/flagship-local.sh --variant-only STACK DIR}" "${3:?DIR}"
+    exit 0
+fi
 stack="${1:?usage: scripts/flagship-local.sh STACK}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -16,15 +32,7 @@ work="build/local-stacks"
 mkdir -p "$work/stacks"
 cp stacks/*.yaml "$work/stacks/"
 ln -sfn "$root/patches" "$work/patches"
-cat >"$work/stacks/$stack-local.yaml" <<YAML
-# $stack on the local Debian 12 CUDA base (scripts/flagship-local.sh).
-extends: $stack
-python:
-  version: "3.11"
-build:
-  apt_packages: [python3.11, python3.11-venv, python3.11-dev, ca-certificates]
-  runtime_apt_packages: [python3.11, python3.11-venv, ca-certificates]
-YAML
+write_variant "$stack" "$work/stacks"
 scripts/make-base-cuda-local.sh
 export SM120_STACKS_BASE_SUBSTITUTE="nvidia/cuda:13.0.2-devel-ubuntu24.04=local/cuda:13.0.2-devel-bookworm"
 cli=(.venv/bin/sm120-stacks --stacks-dir "$work/stacks" --build-dir build)
