@@ -17,7 +17,8 @@
 #
 # REUSE_WORK=1 with the WORK of an earlier run builds the same four stacks again with this
 # checkout's code, keeping their manifests and locks (the first build of the parent then runs
-# only what this checkout renders differently): a second pass after a change to the stages.
+# only what this checkout renders differently): a second pass after a change to the stages,
+# PARENT_LABEL naming that first build in the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -86,13 +87,15 @@ must build-transformers "$CLI" build "$bump"
 cp "$(newest "$bump" .log)" "$OUT/child-transformers.buildkit.log"
 must build-noop "$CLI" build "$parent"
 "$PY" bench/rebuild_economy.py --steps \
-    "cold=$OUT/parent.buildkit.log" "one-package child=$OUT/child-humanize.buildkit.log" \
+    "${PARENT_LABEL:-cold}=$OUT/parent.buildkit.log" "one-package child=$OUT/child-humanize.buildkit.log" \
     "serve-argument child=$OUT/child-serve.buildkit.log" \
     "transformers bump=$OUT/child-transformers.buildkit.log" | tee "$OUT/steps.md"
 noop_pairs "$parent" "$command_sh"
 "$PY" bench/rebuild_economy.py \
-    "$parent (cold)=$OUT/parent.buildkit.log" "$six (one unrelated package)=$OUT/child-humanize.buildkit.log" \
+    "$parent (${PARENT_LABEL:-cold})=$OUT/parent.buildkit.log" "$six (one unrelated package)=$OUT/child-humanize.buildkit.log" \
     | tee "$OUT/jit-steps.md"
+# What each image holds that no other does (UNIQUE SIZE): a child's own layers on disk.
+docker system df -v | sed -n "/^REPOSITORY/p;/ $parent/p" >"$OUT/image-sizes.txt"
 sort -k2 -n "$OUT/disk.txt" | tail -n 1 | sed 's/^/disk peak: /' | tee -a "$OUT/timeline.txt"
 grep -F "| CACHED |" "$OUT/jit-steps.md" | grep -qF "humanize" \
     || { stamp "FAILED: the child's compile step was not CACHED"; exit 1; }

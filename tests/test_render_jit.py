@@ -21,7 +21,8 @@ from builder.lock.lockfile import LockedPackage
 from builder.lock.reading import read_lock
 from builder.lock.writing import write_lock
 from builder.manifest.resolve import resolve
-from builder.render.context import RenderedContext, render, template_context
+from builder.render.bases import content_reference
+from builder.render.context import RenderedContext, pinned_context, render, template_context
 from builder.render.jitdeps import jit_package_names
 from tests.golden import STACKS
 
@@ -269,6 +270,15 @@ def test_a_locked_child_installs_its_parents_set_as_the_parents_own_step_then_it
     assert f"uv pip uninstall --python /opt/venv/bin/python {dropped} \\" in own
     assert b"humanize==4.12.0" in child.files["requirements/lock.txt"][0]
     assert b"humanize" not in base
+    # Pinned to this engine's base by id (a local base), only the FROM lines and the compile
+    # cache id change: the two package steps stay.
+    built_on = child.bases["build"]
+    pinned = pinned_context(
+        child, resolve("bump", stacks_dir), {built_on: content_reference(built_on, FAKE_HASH)}
+    )
+    lines = list(zip(child.dockerfile.splitlines(), pinned.dockerfile.splitlines(), strict=True))
+    changed = [(a, b) for a, b in lines if a != b]
+    assert changed and all(a.startswith("FROM ") or "flashinfer-workspace" in a for a, _ in changed)
 
 
 def test_a_child_on_another_python_does_not_start_from_its_parents_set(stacks_dir: Path) -> None:

@@ -134,6 +134,9 @@ class RenderedContext:
     #: role (build, runtime) -> the reference its stage's FROM names: the LockedStack's, decided
     #: once there, so the steps that pin or check the bases read them here, not again.
     bases: dict[str, str] = field(default_factory=dict)
+    #: The lock whose set the packages stage installs first (LockedStack.packages_base), so
+    #: that pinned_context renders the same two package steps.
+    packages_base: Lock | None = None
 
     @property
     def dockerfile(self) -> str:
@@ -351,7 +354,14 @@ def render_locked(
         )
     files.update(_patch_files(stack, {p["file"] for p in ctx.jit_patches}))
     bases = {"build": locked.build_base, "runtime": locked.runtime_base}
-    return RenderedContext(stack=stack.name, files=files, copied=copied, lock=lock, bases=bases)
+    return RenderedContext(
+        stack=stack.name,
+        files=files,
+        copied=copied,
+        lock=lock,
+        bases=bases,
+        packages_base=locked.packages_base,
+    )
 
 
 def pinned_context(
@@ -372,6 +382,7 @@ def pinned_context(
         rendered.lock,
         pins.get(build_base, build_base),
         pins.get(runtime_base, runtime_base),
+        rendered.packages_base,
     )
     files = {**rendered.files, "Dockerfile": (_dockerfile(stack, ctx, templates_dir), REGULAR)}
     return replace(rendered, files=files, recipe_hash=rendered.content_hash())
