@@ -404,7 +404,11 @@ def test_a_child_adding_a_package_builds_on_its_parents_package_layer(
         assert len(base) == 2, steps  # the COPY and the install over it
         for number in base:
             assert f"{number} CACHED" in log, f"{steps[number]} ran again"
-        assert re.search(r"Uninstalled 1 package", log) and re.search(r"Installed 1 package", log)
+        (own,) = [n for n, t in steps.items() if "-r /opt/sm120-stacks/requirements/lock.txt" in t]
+        # Its own step runs unless this engine built the same difference before (an earlier
+        # run's child: the same bytes, so BuildKit's key); what the image holds is checked below.
+        if f"{own} CACHED" not in log:
+            assert "Uninstalled 1 package" in log and "Installed 1 package" in log, log
         expect = expectations(resolve(child, stacks), rendered.content_hash(), rendered.lock)
         container = api.containers.run(
             image, ["sleep", "infinity"], detach=True, network_mode="none"
