@@ -328,7 +328,14 @@ def _variants(workspace: Path, api: Any, parent: str) -> Iterator[Callable[[str,
 
     def untag(name: str) -> None:
         content_hash = render(resolve(name, workspace / "stacks")).content_hash()
-        for ref in (local_ref(name, content_hash), moving_ref(name)):
+        refs = [local_ref(name, content_hash), moving_ref(name)]
+        # And the registry names a push or a pull of it left (REPO:NAME, REPO:NAME-HASH): the
+        # name is this run's own (unique), so these tags are this test's, whatever the repo.
+        own = {name, content_tag(name, content_hash)}
+        with contextlib.suppress(Exception):
+            tags = (tag for image in api.images.list() for tag in image.tags)
+            refs += [tag for tag in tags if tag.rpartition(":")[2] in own and tag not in refs]
+        for ref in refs:
             with contextlib.suppress(Exception):
                 api.images.remove(ref, noprune=False)
 
