@@ -4,17 +4,18 @@ Usage: python bench/house_floors.py  -> one line per floor, top first: the packa
 with their lines of code; then the imports that run against .importlinter's declared layers
 (a lower step importing a higher one) and the circles between packages. A package sits one
 floor above the highest package it imports; floor 1 imports no other. Nothing is run: the
-imports are read with ast, as lint-imports reads them (TYPE_CHECKING imports included).
+imports are grimp's graph of builder/, as lint-imports reads them (TYPE_CHECKING imports
+included).
 """
 
 from __future__ import annotations
 
-import ast
 import configparser
 import sys
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+
+import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILDER = ROOT / "builder"
@@ -28,33 +29,21 @@ def package_of(module: str) -> str | None:
     return parts[1] if (BUILDER / parts[1]).is_dir() else f"{parts[1]}.py"
 
 
-def _imported(path: Path) -> Iterator[str]:
-    """Every module path names in its imports, relative ones made absolute."""
-    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".")[: -node.level]
-                stem = ".".join([*base, node.module] if node.module else base)
-            else:
-                stem = node.module or ""
-            yield stem
-            yield from (f"{stem}.{alias.name}" for alias in node.names)
-
-
 def house() -> tuple[dict[str, set[str]], dict[str, int]]:
-    """package -> the packages it imports; package -> its lines."""
+    """package -> the packages it imports; package -> its lines. The imports are grimp's graph,
+    the one lint-imports checks the layers on."""
+    sys.path.insert(0, str(ROOT))
+    graph = grimp.build_graph("builder", include_external_packages=False)
     arrows: dict[str, set[str]] = {}
     lines: dict[str, int] = {}
     for path in sorted(BUILDER.rglob("*.py")):
         if path.parent == BUILDER and path.name in ("__init__.py", "__main__.py"):
             continue
-        here = package_of(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        here = package_of(module)
         assert here is not None
         lines[here] = lines.get(here, 0) + len(path.read_text().splitlines())
-        targets = {package_of(m) for m in _imported(path)}
+        targets = {package_of(m) for m in graph.find_modules_directly_imported_by(module)}
         arrows.setdefault(here, set()).update(t for t in targets if t and t != here)
     return arrows, lines
 
